@@ -1,0 +1,51 @@
+# specdrive — two commands for a newcomer: `make demo` and `make test`.
+# Each creates .venv if it is missing and installs what it needs, from nothing but Python.
+#
+# TORCH   the torch requirement installed first. Default: the CPU build for development.
+#         On Jetson/DRIVE Orin use the JetPack wheel, e.g.
+#           make test TORCH=/path/to/torch-2.5.0a0+...-linux_aarch64.whl
+#         or TORCH= VENV_FLAGS=--system-site-packages to reuse the system's torch.
+# ORT     which ONNX Runtime extra: ort-cpu (default) or ort-gpu. Never both.
+PYTHON     ?= python3
+VENV       ?= .venv
+VENV_FLAGS ?=
+TORCH      ?= torch==2.13.0
+ORT        ?= ort-cpu
+EXTRAS     ?= torch,$(ORT),dev
+PY          = $(VENV)/bin/python
+STAMP       = $(VENV)/.specdrive-installed
+
+.PHONY: all install test lint demo scenes train engines bench profile tools clean help
+
+all: test
+
+help:
+	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
+	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
+	@echo "make train    reproduce checkpoints/tiny from scratch (~90 min on 2 CPU cores)"
+	@echo "make bench    speculative vs plain decoding on the shipped checkpoints"
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if [ -n "$(TORCH)" ]; then $(PY) -m pip install -q "$(TORCH)"; fi
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP)
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -rs
+
+demo: $(STAMP)
+	$(PY) -m tools.cli demo --out out/demo
+
+scenes: $(STAMP)
+	$(PY) -m tools.cli scenes generate --out data/scenes --n 2000 --seed 0
+
+clean:
+	rm -rf out build dist *.egg-info .pytest_cache .import_linter_cache

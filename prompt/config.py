@@ -1,0 +1,80 @@
+"""Checked configuration dataclasses and the one place that reads YAML.
+
+Every concern (model, draft, spec, budget, engine profile) is a dataclass that validates itself
+in `__post_init__` and raises `ConfigError` with what is wrong and what is allowed. YAML under
+`configs/` is loaded here and nowhere else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A bad config or argument value. The message names the value and what is allowed."""
+
+
+def check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not allowed; choose one of {sorted(allowed)}")
+
+
+def check_range(name: str, value, lo=None, hi=None) -> None:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+        raise ConfigError(f"{name}={value!r} is out of range; allowed {bounds}")
+
+
+def from_dict(cls, data: dict, where: str = ""):
+    """Build dataclass `cls` from a plain dict; nested dataclass fields are built recursively."""
+    where = where or cls.__name__
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed keys are {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        sub = hints.get(name)
+        if dataclasses.is_dataclass(sub) and isinstance(value, dict):
+            value = from_dict(sub, value, f"{where}.{name}")
+        elif isinstance(value, list) and _is_tuple_hint(sub):
+            value = tuple(value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a missing required key
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _is_tuple_hint(hint) -> bool:
+    return typing.get_origin(hint) is tuple or hint is tuple
+
+
+def to_dict(obj) -> dict:
+    """Plain JSON/YAML-ready dict of a (nested) config dataclass; tuples become lists."""
+    def plain(v):
+        if isinstance(v, (tuple, list)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(dataclasses.asdict(obj))
+
+
+def load_yaml(cls, path: str | Path):
+    """Load `path` (YAML) into the checked dataclass `cls`."""
+    import yaml  # core dependency; imported here so `import prompt` stays numpy-only
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    with path.open() as f:
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return from_dict(cls, data, where=str(path))

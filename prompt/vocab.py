@@ -1,0 +1,135 @@
+"""The closed word-level vocabulary: special tokens, trajectory tokens, words.
+
+Id layout (fixed, so trajectory ids never move when the word list changes):
+
+    [0, n_special)                      Alpamayo-R1's special tokens (SPECIAL, in order)
+    [hist_ids.start, hist_ids.stop)     HIST_BINS history bins (binned pose deltas)
+    [fut_x_ids...], [fut_y_ids...]      future waypoint bins, x then y (ordinal inside a range)
+    [words...]                          the words, in the order given to `build`
+
+Text is words separated by single spaces; "," is a word. Saved as JSON, never pickled.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from prompt.config import ConfigError
+from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
+
+SPECIAL = (
+    "<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>",
+    "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+    "<|traj_history_start|>", "<|traj_history|>", "<|traj_history_end|>",
+    "<|traj_future_start|>", "<|traj_future_end|>",
+    "<|cot_start|>", "<|cot_end|>",
+)
+ROLE_WORDS = ("user", "assistant")  # chat roles, always in the vocabulary
+FORMAT = "specdrive-tokenizer-v1"
+
+
+def _attr(token: str) -> str:
+    return token.strip("<|>")
+
+
+class Tokenizer:
+    """Word-level tokenizer over a closed vocabulary; `tok.cot_end` etc. are special-token ids."""
+
+    def __init__(self, words: list[str]):
+        bad = [w for w in words if not w or " " in w or w in SPECIAL]
+        if bad:
+            raise ConfigError(f"vocabulary words must be non-empty, space-free and not special tokens; bad: {bad[:5]}")
+        words = list(dict.fromkeys([*ROLE_WORDS, *words]))  # dedupe, keep order
+        n = len(SPECIAL)
+        self.hist_ids = range(n, n + HIST_BINS)
+        self.fut_x_ids = range(self.hist_ids.stop, self.hist_ids.stop + FUT_X_BINS)
+        self.fut_y_ids = range(self.fut_x_ids.stop, self.fut_x_ids.stop + FUT_Y_BINS)
+        self.word_ids = range(self.fut_y_ids.stop, self.fut_y_ids.stop + len(words))
+        self.words = words
+        self._id = {t: i for i, t in enumerate(SPECIAL)}
+        self._id.update({w: self.word_ids.start + i for i, w in enumerate(words)})
+        for i, t in enumerate(SPECIAL):
+            setattr(self, _attr(t), i)
+
+    @classmethod
+    def build(cls, words) -> "Tokenizer":
+        return cls(list(words))
+
+    def __len__(self) -> int:
+        return self.word_ids.stop
+
+    def id(self, token: str) -> int:
+        if token not in self._id:
+            raise KeyError(f"token {token!r} is not in the vocabulary")
+        return self._id[token]
+
+    def token(self, i: int) -> str:
+        i = int(i)
+        if i < len(SPECIAL):
+            return SPECIAL[i]
+        for name, r in (("hist", self.hist_ids), ("fx", self.fut_x_ids), ("fy", self.fut_y_ids)):
+            if i in r:
+                return f"<{name}_{i - r.start}>"
+        if i in self.word_ids:
+            return self.words[i - self.word_ids.start]
+        raise KeyError(f"id {i} is outside the vocabulary [0, {len(self)})")
+
+    def encode(self, text: str, strict: bool = True) -> list[int]:
+        """Words separated by single spaces -> ids. Unknown words raise (strict) or map to <|unk|>."""
+        ids = []
+        for w in text.split():
+            if w in self._id:
+                ids.append(self._id[w])
+            elif strict:
+                raise KeyError(f"word {w!r} is not in the closed vocabulary ({len(self.words)} words)")
+            else:
+                ids.append(self.unk)
+        return ids
+
+    def decode(self, ids) -> str:
+        return " ".join(self.token(i) for i in ids)
+
+    def masks(self) -> dict[str, np.ndarray]:
+        """Bool masks over the vocabulary: text (special + words), history, future, trajectory."""
+        v = np.arange(len(self))
+        hist = (v >= self.hist_ids.start) & (v < self.hist_ids.stop)
+        fut = (v >= self.fut_x_ids.start) & (v < self.fut_y_ids.stop)
+        return {"history": hist, "future": fut, "trajectory": hist | fut, "text": ~(hist | fut)}
+
+    def traj_mask(self) -> np.ndarray:
+        return self.masks()["trajectory"]
+
+    def future_mask(self) -> np.ndarray:
+        return self.masks()["future"]
+
+    def text_mask(self) -> np.ndarray:
+        return self.masks()["text"]
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "special": list(SPECIAL), "hist_bins": HIST_BINS,
+                "fut_x_bins": FUT_X_BINS, "fut_y_bins": FUT_Y_BINS, "words": self.words}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"tokenizer file {str(path)!r} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"tokenizer file {str(path)!r} is not valid JSON: {e}") from None
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "tokenizer") -> "Tokenizer":
+        expect = {"format": FORMAT, "special": list(SPECIAL), "hist_bins": HIST_BINS,
+                  "fut_x_bins": FUT_X_BINS, "fut_y_bins": FUT_Y_BINS}
+        for key, value in expect.items():
+            if data.get(key) != value:
+                raise ConfigError(f"{where}: {key}={data.get(key)!r} does not match this specdrive ({value!r})")
+        return cls(data["words"])
