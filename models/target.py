@@ -1,0 +1,124 @@
+"""The target VLA (deliberative reasoner): vision tower + Qwen3/Qwen2.5-style decoder LLM with
+M-RoPE + LM head over text and trajectory tokens. One readable page; blocks live in layers.py.
+
+    t = Target(cfg)                                      cfg: models.config.TargetConfig
+    embeds, deepstack = t.encode_images(pixel_patches, grid_thw)
+    cos, sin = t.rope(position_ids)                      (3, B, T) M-RoPE or (B, T) 1D ids
+    cache = t.new_cache(batch, max_len)                  (layers, 2, B, kv_heads, max_len, D)
+    logits, hiddens = t(ids, cos, sin, cache, start, embeds, deepstack, hidden_layers=(2, 6, 9))
+
+Prefill writes rows [0, T); each decode or verify call writes [start, start+k) and attends to
+[0, start+k). Verifying k draft tokens is one call with T = k; rolling back after a rejection
+is passing a smaller `start` next time (stale rows are never read, and get overwritten).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.config import TargetConfig
+from models.layers import DecoderBlock, RMSNorm, new_kv_cache
+from models.rope import rope_cos_sin
+from models.vision import VisionTower
+
+
+class Target(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        llm = cfg.llm
+        self.visual = VisionTower(cfg.vision, llm.hidden)
+        self.embed_tokens = nn.Embedding(llm.vocab_size, llm.hidden)
+        self.layers = nn.ModuleList(DecoderBlock(llm) for _ in range(llm.layers))
+        self.norm = RMSNorm(llm.hidden, llm.norm_eps)
+        self.lm_head = nn.Linear(llm.hidden, llm.vocab_size, bias=False)
+        self.apply(_init_weights)
+        if llm.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def rope(self, position_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """(3, B, T) M-RoPE ids or (B, T) 1D ids (torch or numpy) -> cos, sin (B, T, head_dim)."""
+        llm = self.cfg.llm
+        pos = torch.as_tensor(position_ids, device=self.embed_tokens.weight.device)
+        return rope_cos_sin(pos, llm.head_dim, llm.rope_theta, llm.mrope_section, llm.interleaved)
+
+    def new_cache(self, batch: int, max_len: int, dtype=None, device=None) -> torch.Tensor:
+        w = self.embed_tokens.weight
+        llm = self.cfg.llm
+        return new_kv_cache(llm.layers, batch, llm.kv_heads, max_len, llm.head_dim,
+                            dtype or w.dtype, device or w.device)
+
+    def encode_images(self, pixel_patches: torch.Tensor, grid_thw):
+        """(N_patches, C*tp*p*p) + grid_thw (n, 3) -> (embeds (N, D), deepstack list[(N, D)])."""
+        return self.visual(pixel_patches, grid_thw)
+
+    def _image_mask(self, ids: torch.Tensor, n_embeds: int) -> torch.Tensor:
+        """(B, T, 1) bool: where image embeddings replace the image-pad token's embedding."""
+        if self.cfg.image_token_id < 0:
+            raise ValueError("image_embeds given but TargetConfig.image_token_id is not set (-1); "
+                             "set it from the tokenizer (tok.image_pad)")
+        mask = ids == self.cfg.image_token_id
+        n_tokens = int(mask.sum())
+        if n_tokens != n_embeds:
+            raise ValueError(f"{n_tokens} image tokens (id {self.cfg.image_token_id}) in ids "
+                             f"but {n_embeds} image embeddings; they must be equal")
+        return mask.unsqueeze(-1)
+
+    def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: torch.Tensor | None = None, start: int = 0,
+                image_embeds: torch.Tensor | None = None, deepstack=None,
+                hidden_layers=()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ids (B, T); cos/sin (B, T, head_dim) -> logits (B, T, V) and, for each index i in
+        hidden_layers, the residual stream after layer i (B, T, D) (DeepStack included).
+
+        image_embeds (N, D) fill the image tokens of `ids` in row-major (batch, then position)
+        order. DeepStack: after LLM layer i (i < len(deepstack)) the image positions get
+        deepstack[i] (N, D) added; the vision tokens must be in this call's `ids`.
+        """
+        x = self.embed_tokens(ids)
+        mask = None
+        if image_embeds is not None:
+            mask = self._image_mask(ids, image_embeds.shape[0])
+            x = x.masked_scatter(mask, image_embeds.to(x.dtype))
+        deepstack = list(deepstack or [])
+        if deepstack and mask is None:
+            raise ValueError("deepstack features need image_embeds in the same call")
+        hiddens = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache[i], start)
+            if i < len(deepstack):  # x[image positions] += deepstack[i], out of place
+                x = x + torch.zeros_like(x).masked_scatter(mask, deepstack[i].to(x.dtype))
+            if i in hidden_layers:
+                hiddens[i] = x
+        missing = [i for i in hidden_layers if i not in hiddens]
+        if missing:
+            raise ValueError(f"hidden_layers {missing} out of range; allowed 0..{len(self.layers) - 1}")
+        return self.lm_head(self.norm(x)), [hiddens[i] for i in hidden_layers]
+
+
+def _init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """N(0, 0.02) weights, zero biases (transformers' Qwen initializer_range)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+@torch.no_grad()
+def greedy_generate(target: Target, ids: torch.Tensor, position_ids, rope_delta: int,
+                    n_new: int, image_embeds=None, deepstack=None) -> torch.Tensor:
+    """Reference greedy decoding with the cache: prefill, then one token per call.
+
+    ids (1, T) prompt; position_ids (3, 1, T) (or (1, T) for 1D); later tokens at cache row
+    i get position i + rope_delta on all three axes. Returns (n_new,) new token ids.
+    """
+    T = ids.shape[1]
+    cache = target.new_cache(1, T + n_new)
+    logits, _ = target(ids, *target.rope(position_ids), cache, 0, image_embeds, deepstack)
+    out = [int(logits[0, -1].argmax())]
+    for i in range(T, T + n_new - 1):
+        pos = torch.full((1, 1), i + rope_delta, dtype=torch.long)
+        pos = pos.expand(3, 1, 1) if target.cfg.llm.mrope_section else pos
+        logits, _ = target(torch.tensor([[out[-1]]]), *target.rope(pos), cache, i)
+        out.append(int(logits[0, -1].argmax()))
+    return torch.tensor(out)
