@@ -1,0 +1,48 @@
+"""`specdrive scenes generate|show` through the real command line (exit status 2 on bad input)."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "tools.cli", "scenes", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "data"
+    r = _cli("generate", "--out", out, "--n", 12, "--seed", 3, "--workers", 2, "--shard-size", 4)
+    assert r.returncode == 0, r.stderr
+    assert "wrote 12 scenes" in r.stdout
+    return out
+
+
+def test_show_writes_a_png(dataset, tmp_path):
+    png = tmp_path / "scene.png"
+    r = _cli("show", dataset, "--index", 1, "--split", "train", "--out", png)
+    assert r.returncode == 0, r.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--out", "{tmp}/x", "--n", "0"], "n=0 must be a positive"),
+    (["generate", "--out", "{tmp}/x", "--n", "-3"], "n=-3 must be a positive"),
+    (["generate", "--out", "{tmp}/x", "--n", "4", "--families", "follow,drift"], "unknown family 'drift'; allowed: "),
+    (["generate", "--out", "{tmp}/x", "--n", "4", "--workers", "0"], "workers=0"),
+    (["show", "{tmp}/missing", "--out", "{tmp}/a.png"], "does not exist"),
+    (["show", "{data}", "--index", "99", "--out", "{tmp}/a.png"], r"--index 99 is out of range .* allowed 0\.\.\d+"),
+    (["show", "{data}", "--index", "-1", "--out", "{tmp}/a.png"], "--index -1 is out of range"),
+    (["show", "{data}", "--split", "dev", "--out", "{tmp}/a.png"], "invalid choice: 'dev'"),
+    (["generate", "--out", "{tmp}/x", "--n", "many"], "invalid int value"),
+])
+def test_bad_arguments_exit_2_and_say_why(args, message, dataset, tmp_path):
+    r = _cli(*[a.format(tmp=tmp_path, data=dataset) for a in args], timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert re.search(message, r.stderr), r.stderr

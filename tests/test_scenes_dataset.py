@@ -1,0 +1,89 @@
+"""Dataset shards: byte-identical for a seed whatever the worker count, loader round trip, splits."""
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scenes.config import ConfigError, UNSEEN_FAMILY
+from scenes.dataset import GenerateConfig, generate, load, scene_seed, split_counts
+from scenes.world import make_scene, pick_family
+
+
+def _digests(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scenes")
+    for name, seed, workers in (("one", 4, 1), ("two", 4, 2), ("other", 5, 1)):
+        generate(GenerateConfig(str(root / name), 30, seed=seed, workers=workers, shard_size=7), progress=False)
+    return root
+
+
+def test_same_seed_gives_byte_identical_shards_for_1_and_2_workers(datasets):
+    one, two = _digests(datasets / "one"), _digests(datasets / "two")
+    assert one == two, f"files differ: {sorted(k for k in one if one[k] != two.get(k))}"
+    assert any(k.endswith(".safetensors") for k in one) and "manifest.json" in one
+    other = _digests(datasets / "other")
+    assert other.keys() == one.keys() and all(other[k] != one[k] for k in one if "shard" in k)
+
+
+def test_only_safetensors_and_json_are_written(datasets):
+    suffixes = {p.suffix for p in (datasets / "one").rglob("*") if p.is_file()}
+    assert suffixes == {".safetensors", ".json"}
+
+
+def test_loader_gives_back_what_make_scene_made(datasets):
+    data = load(datasets / "one", "train")
+    assert len(data) == split_counts(30, ("free_cruise", UNSEEN_FAMILY))["train"]
+    for i in (0, 8, len(data) - 1):
+        got = data[i]
+        seed = scene_seed(4, "train", i)
+        want = make_scene(seed, pick_family(seed, "train"), "train")
+        assert got.seed == seed and got.family == want.family and got.coc == want.coc
+        assert got.coc_routine == want.coc_routine and got.cause == want.cause and got.decision == want.decision
+        for name in ("history", "future", "images", "ids", "agent_poses"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        assert got.ids.dtype == np.int16
+    assert sum(1 for _ in data) == len(data)
+    with pytest.raises(IndexError, match="allowed 0.."):
+        data[len(data)]
+
+
+def test_splits_and_the_unseen_family(datasets):
+    counts = {split: len(load(datasets / "one", split)) for split in ("train", "val", "test", "heldout", "unseen")}
+    assert sum(counts.values()) == 30 and counts["train"] == 24
+    unseen = list(load(datasets / "one", "unseen"))
+    assert unseen and all(s.family == UNSEEN_FAMILY and s.unseen_family for s in unseen)
+    for split in ("train", "val", "test", "heldout"):
+        assert all(s.family != UNSEEN_FAMILY and not s.unseen_family for s in load(datasets / "one", split))
+
+
+def test_families_option_restricts_what_is_drawn(tmp_path):
+    manifest = generate(GenerateConfig(str(tmp_path), 12, families=("follow", "curve"), render=False),
+                        progress=False)
+    assert "unseen" not in manifest["splits"]
+    drawn = {s.family for split in manifest["splits"] for s in load(tmp_path, split)}
+    assert drawn <= {"follow", "curve"} and drawn
+    assert load(tmp_path, "train")[0].images is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": 0}, "n=0"), ({"n": 5, "workers": 0}, "workers=0"), ({"n": 5, "families": ("fog",)}, "'fog'.*allowed"),
+    ({"n": 5, "families": ("cut_in",)}, "held out"), ({"n": 5, "seed": -1}, "seed=-1"),
+])
+def test_bad_config_is_refused(kwargs, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        GenerateConfig(str(tmp_path), **kwargs)
+
+
+def test_missing_dataset_or_split_is_refused(tmp_path, datasets):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "nowhere", "train")
+    with pytest.raises(ConfigError, match="no manifest"):
+        load(tmp_path, "train")
+    with pytest.raises(ConfigError, match="'dev' is not in"):
+        load(datasets / "one", "dev")
