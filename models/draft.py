@@ -1,0 +1,130 @@
+"""The routine reasoner: a 1-2 layer draft decoder with FlatRoPE that shares the target's token
+embedding and LM head and, EAGLE-3 style, reads the target's low/mid/top hidden states.
+
+    draft = Draft(cfg, target.embed_tokens, target.lm_head)   cfg: models.config.ModelConfig
+    cache = draft.new_cache(batch, max_len)       (draft_layers, 2, B, kv_heads, max_len, D)
+    cos, sin = draft.rope(position_ids)           (B, T) flat ids, or (3, B, T) if rope="mrope"
+    logits, hidden = draft(ids, cos, sin, cache, start, features, image_embeds)
+
+Inputs per row j (cache row start + j):
+    x_j = embed(ids_j)   (image-pad rows: the target's image embedding, as in the target)
+    f_j = fc([h_low, h_mid, h_top])  when `features` is (B, T, 3D): target hidden states
+        = features                   when `features` is (B, T, D): the draft's own `hidden`
+    first layer input = in_proj([x_j, f_j]);  features="none": the first layer input is x_j
+Output: logits (B, T, V) = lm_head(norm(hidden)), hidden (B, T, D) the last layer's residual.
+
+Alignment (EAGLE): row j holds token ids_j and the feature of the state *before* it, i.e. the
+target's hidden states at position j - 1 (the state whose logits produced ids_j); row j
+predicts ids_{j+1}. `shift_features` builds that from target hiddens: out[:, j] = feats[:, j-1],
+out[:, 0] = 0. After prefill over the prompt (rows 0..T-1), the target's next token x_T goes
+in row T with the target feature of position T-1; each further drafted token d goes in the
+next row with the draft's own `hidden` of the row that predicted d (the target has not seen d
+yet). After verification the caller rewrites the accepted rows from `start` with the target's
+features; stale rows past the accepted length are never read (rollback = a smaller `start`).
+
+Shared weights: embedding and head are the target's objects, kept out of the module tree, so
+the draft's state_dict and parameters() hold only its own weights (nothing stored twice; the
+shared ones stay frozen with the target).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.config import ModelConfig
+from models.layers import DecoderBlock, RMSNorm, new_kv_cache
+from models.rope import rope_cos_sin
+
+
+class Draft(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear):
+        super().__init__()
+        self.cfg, self.llm = cfg.draft, cfg.draft_llm()
+        D = self.llm.hidden
+        for name, m in (("embedding", embed_tokens), ("LM head", lm_head)):
+            if tuple(m.weight.shape) != (self.llm.vocab_size, D):
+                raise ValueError(f"shared {name} weight shape {tuple(m.weight.shape)}: expected "
+                                 f"(vocab_size={self.llm.vocab_size}, hidden={D})")
+        self._shared = (embed_tokens, lm_head)    # a tuple: not registered, not in state_dict
+        self.image_token_id = cfg.target.image_token_id
+        if self.cfg.features == "fused":
+            self.fc = nn.Linear(len(self.cfg.feature_layers) * D, D, bias=False)
+            self.in_proj = nn.Linear(2 * D, D, bias=False)
+        self.layers = nn.ModuleList(DecoderBlock(self.llm) for _ in range(self.llm.layers))
+        self.norm = RMSNorm(D, self.llm.norm_eps)
+        self.apply(_init_weights)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._shared[0]
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._shared[1]
+
+    def rope(self, position_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) flat ids (or (3, B, T) M-RoPE ids for rope="mrope") -> cos, sin (B, T, head_dim)."""
+        llm = self.llm
+        pos = torch.as_tensor(position_ids, device=self.norm.weight.device)
+        if llm.mrope_section == () and pos.dim() != 2:
+            raise ValueError(f"FlatRoPE draft takes (B, T) position ids, got shape {tuple(pos.shape)}")
+        return rope_cos_sin(pos, llm.head_dim, llm.rope_theta, llm.mrope_section, llm.interleaved)
+
+    def new_cache(self, batch: int, max_len: int, dtype=None, device=None) -> torch.Tensor:
+        w, llm = self.norm.weight, self.llm
+        return new_kv_cache(llm.layers, batch, llm.kv_heads, max_len, llm.head_dim,
+                            dtype or w.dtype, device or w.device)
+
+    def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: torch.Tensor | None = None, start: int = 0,
+                features: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids (B, T), cos/sin (B, T, head_dim), cache (layers, 2, B, KVH, max_len, hd) or None
+        (then causal over the T rows), features (B, T, 3D) | (B, T, D) | None (features="none")
+        -> logits (B, T, V), hidden (B, T, D)."""
+        x = self._embed(ids, image_embeds)
+        if self.cfg.features == "fused":
+            x = self.in_proj(torch.cat([x, self._fuse(features, ids.shape)], dim=-1))
+        elif features is not None:
+            raise ValueError("this draft has features='none' (standalone); pass features=None")
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache[i], start)
+        return self.lm_head(self.norm(x)), x
+
+    def _embed(self, ids: torch.Tensor, image_embeds: torch.Tensor | None) -> torch.Tensor:
+        """Token embeddings; image-pad rows take the target's image embeddings (in order)."""
+        x = self.embed_tokens(ids)
+        if image_embeds is None:
+            return x
+        mask = ids == self.image_token_id
+        if self.image_token_id < 0 or int(mask.sum()) != image_embeds.shape[0]:
+            raise ValueError(f"{int(mask.sum())} image tokens (image_token_id={self.image_token_id})"
+                             f" in ids but {image_embeds.shape[0]} image embeddings; they must match")
+        return x.masked_scatter(mask.unsqueeze(-1), image_embeds.to(x.dtype))
+
+    def _fuse(self, features: torch.Tensor | None, shape) -> torch.Tensor:
+        D, n = self.llm.hidden, len(self.cfg.feature_layers)
+        if features is None or tuple(features.shape[:2]) != tuple(shape) or \
+                features.shape[-1] not in (n * D, D):
+            got = None if features is None else tuple(features.shape)
+            raise ValueError(f"features {got}: expected (B, T, {n * D}) target hiddens "
+                             f"(layers {list(self.cfg.feature_layers)}) or (B, T, {D}) draft "
+                             f"hiddens, with (B, T) = {tuple(shape)}")
+        return self.fc(features) if features.shape[-1] == n * D else features
+
+
+def target_features(hiddens: list[torch.Tensor]) -> torch.Tensor:
+    """Target.forward's hiddens for draft.cfg.feature_layers (low, mid, top) -> (B, T, 3D)."""
+    return torch.cat(hiddens, dim=-1)
+
+
+def shift_features(feats: torch.Tensor) -> torch.Tensor:
+    """(B, T, F) target features by position -> draft rows: out[:, j] = feats[:, j-1], row 0 = 0."""
+    return torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], dim=1)
+
+
+def _init_weights(module: nn.Module, std: float = 0.02) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)

@@ -1,0 +1,243 @@
+"""specdrive's own checkpoint format: a folder of safetensors files plus `meta.json`.
+
+    ckpt/
+      meta.json            what this is (kind), the config, dtype, every tensor's shape and dtype,
+                           sha256 of every file, library versions, the command that made it
+      <module>.safetensors one file per module ("target", "draft", "expert", or "model")
+
+What an artifact is comes from its meta.json, never from its path or file names. A checkpoint that
+does not match its meta.json or the module it is loaded into (missing tensor, wrong shape, wrong
+dtype, truncated file, hash mismatch, unknown kind) is refused with a CheckpointError naming the
+file, the tensor and what was expected. Tensors are read with safetensors only, never pickle.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import platform
+import struct
+import sys
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Mapping
+
+import safetensors.torch
+import torch
+
+import models.config as config_module  # config classes live there and only there
+from prompt.config import from_dict, to_dict
+
+FORMAT = "specdrive-checkpoint"
+FORMAT_VERSION = 1
+KINDS = ("target", "draft", "expert", "planner")
+META = "meta.json"
+_RESERVED = {"format", "format_version", "kind", "config", "config_class", "dtype", "modules",
+             "versions", "created_by", "created_at"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted; the message names the file, tensor and expectation."""
+
+
+def save(path, modules: Mapping, config, meta: Mapping) -> Path:
+    """Write `modules` ({name: nn.Module or state dict}) and `config` under folder `path`.
+
+    `meta` must hold `kind` (one of KINDS); other keys (e.g. "source_checkpoint") are kept as is.
+    Returns the folder. Existing files of the same names are overwritten.
+    """
+    meta = dict(meta)
+    kind = meta.pop("kind", None)
+    _check_kind(kind, "meta argument")
+    clash = sorted(set(meta) & _RESERVED)
+    if clash:
+        raise CheckpointError(f"meta keys {clash} are written by save(); leave them out")
+    if not dataclasses.is_dataclass(config):
+        raise CheckpointError(f"config must be a config dataclass, got {type(config).__name__}")
+    if not modules:
+        raise CheckpointError("nothing to save: `modules` is empty")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    entries, dtypes = {}, set()
+    for name, module in modules.items():
+        state = _state_dict(module)
+        dtypes |= {_dtype_name(t.dtype) for t in state.values()}
+        entries[name] = _write_module(path, name, state)
+    body = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind,
+        "config_class": type(config).__name__, "config": to_dict(config),
+        "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed", "modules": entries,
+        "versions": _versions(), "created_by": " ".join(sys.argv),
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **meta,
+    }
+    (path / META).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load(path, kind: str | None = None):
+    """Read folder `path` -> (state dicts {module: {tensor: Tensor}}, config dataclass, meta dict).
+
+    Every file is checked against meta.json (size, sha256, tensor names, shapes, dtypes) before
+    use. `kind`, when given, must equal the checkpoint's kind.
+    """
+    path = Path(path)
+    meta = read_meta(path)
+    if kind is not None and meta["kind"] != kind:
+        raise CheckpointError(f"{path / META}: kind is {meta['kind']!r}, expected {kind!r}")
+    states = {name: _read_module(path, name, entry) for name, entry in meta["modules"].items()}
+    return states, _build_config(path, meta), meta
+
+
+def load_into(path, modules: Mapping[str, torch.nn.Module], kind: str | None = None):
+    """Load a checkpoint into already-built modules (strict: names, shapes and dtypes must match).
+
+    Returns (config, meta). Nothing is cast: a float16 checkpoint is refused by a float32 module.
+    """
+    states, config, meta = load(path, kind)
+    missing = sorted(set(modules) - set(states))
+    if missing:
+        raise CheckpointError(f"{path}: no module(s) {missing}; the checkpoint has {sorted(states)}")
+    for name, module in modules.items():
+        check_state(module.state_dict(), states[name], f"{path}/{name}.safetensors")
+        module.load_state_dict(states[name], strict=True)
+    return config, meta
+
+
+def check_state(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], where: str):
+    """Refuse `found` unless it has exactly the tensors of `expected` with equal shapes and dtypes."""
+    for key, ref in expected.items():
+        want = f"expected shape {tuple(ref.shape)} {_dtype_name(ref.dtype)}"
+        if key not in found:
+            raise CheckpointError(f"{where}: missing tensor {key!r} ({want})")
+        got = found[key]
+        if tuple(got.shape) != tuple(ref.shape) or got.dtype != ref.dtype:
+            raise CheckpointError(
+                f"{where}: tensor {key!r} has shape {tuple(got.shape)} {_dtype_name(got.dtype)}, {want}")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise CheckpointError(f"{where}: unexpected tensor(s) {extra[:5]} (the module has no such names)")
+
+
+def read_meta(path) -> dict:
+    """Parse and check `path/meta.json` (format, version, kind, modules)."""
+    path = Path(path)
+    file = path / META
+    if not file.is_file():
+        raise CheckpointError(f"{path}: no {META}; not a specdrive checkpoint folder")
+    try:
+        meta = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{file}: format is not {FORMAT!r}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{file}: format_version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}")
+    _check_kind(meta.get("kind"), str(file))
+    for key in ("config", "config_class", "modules"):
+        if key not in meta:
+            raise CheckpointError(f"{file}: missing key {key!r}")
+    return meta
+
+
+def _check_kind(kind, where: str) -> None:
+    if kind not in KINDS:
+        raise CheckpointError(f"{where}: unknown kind {kind!r}; allowed kinds are {list(KINDS)}")
+
+
+def _state_dict(module) -> dict[str, torch.Tensor]:
+    state = module.state_dict() if isinstance(module, torch.nn.Module) else dict(module)
+    out, seen = {}, set()
+    for key, t in state.items():
+        t = t.detach().cpu().contiguous()
+        # safetensors refuses tensors sharing storage (tied weights): give each its own copy
+        ptr = t.untyped_storage().data_ptr()
+        out[key] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
+def _write_module(path: Path, name: str, state: dict) -> dict:
+    if not name.isidentifier():
+        raise CheckpointError(f"module name {name!r} must be a Python identifier (it names a file)")
+    file = path / f"{name}.safetensors"
+    safetensors.torch.save_file(state, str(file))
+    tensors = {k: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for k, t in state.items()}
+    return {"file": file.name, "sha256": _sha256(file), "bytes": file.stat().st_size, "tensors": tensors}
+
+
+def _read_module(path: Path, name: str, entry: dict) -> dict[str, torch.Tensor]:
+    file = path / entry["file"]
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing (meta.json lists it for module {name!r})")
+    _check_complete(file, entry)
+    digest = _sha256(file)
+    if digest != entry["sha256"]:
+        raise CheckpointError(f"{file}: sha256 {digest[:16]}... does not match meta.json "
+                              f"({entry['sha256'][:16]}...); the file was changed or corrupted")
+    state = safetensors.torch.load_file(str(file))
+    listed = {k: torch.empty(v["shape"], dtype=_dtype(v["dtype"]), device="meta")
+              for k, v in entry["tensors"].items()}
+    check_state(listed, state, str(file))
+    return state
+
+
+def _check_complete(file: Path, entry: dict) -> None:
+    """A safetensors file is 8 bytes of header length, the JSON header, then the data; a file
+    shorter than header + largest data offset is truncated (checked before hashing, for a clear
+    message)."""
+    size = file.stat().st_size
+    expected = entry.get("bytes")
+    if expected is not None and size < expected:
+        raise CheckpointError(f"{file}: truncated, {size} bytes but meta.json says {expected}")
+    if size < 8:
+        raise CheckpointError(f"{file}: truncated, {size} bytes (no safetensors header)")
+    with file.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        raw = f.read(min(n, size))
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{file}: truncated or corrupt safetensors header") from None
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if size < 8 + n + end:
+        raise CheckpointError(f"{file}: truncated, {size} bytes but its header needs {8 + n + end}")
+
+
+def _build_config(path: Path, meta: dict):
+    cls = getattr(config_module, meta["config_class"], None)
+    if cls is None or not dataclasses.is_dataclass(cls):
+        raise CheckpointError(f"{path / META}: unknown config_class {meta['config_class']!r}; "
+                              f"expected a dataclass of models.config")
+    return from_dict(cls, meta["config"], where=f"{path / META}: config")
+
+
+def _sha256(file: Path) -> str:
+    h = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"unknown dtype {name!r} in meta.json")
+    return dtype
+
+
+def _versions() -> dict:
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for dist in ("safetensors", "specdrive"):
+        try:
+            versions[dist] = importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            versions[dist] = "unknown"
+    return versions

@@ -1,0 +1,72 @@
+"""Shape-only parameter counts and cache bytes equal those of allocated models, for the tiny
+preset and for variants that exercise every branch (Qwen2.5 vision, tied head, qkv bias,
+standalone 2-layer draft, wider expert); the shape-only presets land on the published sizes."""
+import dataclasses
+
+import pytest
+import torch
+
+from models.action_expert import ActionExpert
+from models.config import ExpertConfig, LLMConfig, ModelConfig, TargetConfig, VisionConfig, load_preset
+from models.draft import Draft
+from models.sizes import kv_cache_bytes, param_counts, step_cost_ratio
+from models.target import Target
+
+
+def qwen25_variant() -> ModelConfig:
+    vision = VisionConfig(style="qwen2.5", depth=2, hidden=32, heads=2, intermediate=48,
+                          deepstack_layers=(), window_size=32, fullatt_blocks=(1,))
+    llm = LLMConfig(layers=3, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96,
+                    vocab_size=300, mrope_section=(2, 3, 3), interleaved=False, qk_norm=False,
+                    qkv_bias=True, tie_embeddings=True)
+    cfg = load_preset("tiny")
+    return ModelConfig(target=TargetConfig(vision=vision, llm=llm),
+                       draft=dataclasses.replace(cfg.draft, layers=2, features="none", feature_layers=()),
+                       expert=ExpertConfig(hidden=64, heads=4, intermediate=96))
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())   # a tied head is counted once
+
+
+@pytest.mark.parametrize("make", [lambda: load_preset("tiny"), qwen25_variant], ids=["tiny", "qwen2.5-tied"])
+def test_counts_equal_allocated_models(make):
+    cfg = make()
+    torch.manual_seed(0)
+    target = Target(cfg.target)
+    draft = Draft(cfg, target.embed_tokens, target.lm_head)
+    expert = ActionExpert(cfg.expert, cfg.target.llm)
+    counts = param_counts(cfg)
+    got = {"vision": n_params(target.visual), "target": n_params(target), "draft": n_params(draft),
+           "expert": n_params(expert)}
+    assert {k: counts[k] for k in got} == got
+    assert counts["llm"] == got["target"] - got["vision"]
+    assert counts["total"] == got["target"] + got["draft"] + got["expert"]
+
+
+def test_cache_bytes_equal_allocated_buffers():
+    tiny = load_preset("tiny")
+    cfg = dataclasses.replace(tiny, draft=dataclasses.replace(tiny.draft, layers=2))
+    target = Target(cfg.target)
+    draft = Draft(cfg, target.embed_tokens, target.lm_head)
+    got = kv_cache_bytes(cfg, batch=3, max_len=50, bytes_per_value=2)
+    for name, module in (("target", target), ("draft", draft)):
+        cache = module.new_cache(3, 50, dtype=torch.float16)
+        assert got[name] == cache.numel() * cache.element_size(), name
+
+
+def test_shape_only_presets_match_published_sizes():
+    """Alpamayo-R1-10B: Qwen3-VL-8B backbone (~8.8B) + ~2.3B expert; edge: Qwen3-VL-2B-like."""
+    big = param_counts(load_preset("alpamayo-r1-10b"))
+    assert 8.6e9 < big["target"] < 9.0e9 and 2.2e9 < big["expert"] < 2.4e9, big
+    assert 5.5e8 < big["vision"] < 6.0e8, big
+    edge = param_counts(load_preset("edge-2b"))
+    assert 1.9e9 < edge["target"] < 2.3e9, edge
+    kv = kv_cache_bytes(load_preset("alpamayo-r1-10b"), batch=1, max_len=1)
+    assert kv["target"] == 36 * 2 * 8 * 128 * 2   # 147,456 bytes per cached token in fp16
+
+
+def test_step_cost_ratio_runs():
+    out = step_cost_ratio(load_preset("tiny"), cached=64, runs=20, warmup=5)
+    assert out["target_s"] > 0 and out["draft_s"] > 0
+    assert out["c"] < 0.6, f"1-layer draft step should cost well under a 12-layer target step: {out}"
