@@ -41,16 +41,12 @@ from prompt.config import ConfigError
 
 DT = 0.1                 # s between waypoints (10 Hz), as the scenes' futures and Alpamayo-R1
 MAX_FREQ = 100.0         # Fourier features of the action input projection (upstream defaults)
-FOURIER_FEATS = 20
-IN_PROJ_LAYERS = 2       # MLP depth of the action input projection; its width = expert.hidden
 BETA_T_SCALE = 0.999     # training t = 0.999 (1 - Beta(1.5, 1)): more weight near the noise
 
 
 def in_proj_shape(cfg: ExpertConfig) -> tuple[int, int, int]:
-    """(fourier_feats, mlp_layers, mlp_hidden) of the action input projection. ExpertConfig may
-    grow these fields; until then the module constants above hold."""
-    return (getattr(cfg, "fourier_feats", FOURIER_FEATS), getattr(cfg, "in_proj_layers", IN_PROJ_LAYERS),
-            getattr(cfg, "in_proj_hidden", 0) or cfg.hidden)
+    """(fourier_feats, mlp_layers, mlp_hidden) of the action input projection."""
+    return cfg.fourier_feats, cfg.in_proj_layers, cfg.in_proj_hidden
 
 
 def expert_llm(cfg: ExpertConfig, llm: LLMConfig) -> LLMConfig:

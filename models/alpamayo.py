@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from models.action_expert import DT, MAX_FREQ, ActionExpert, expert_llm, in_proj_shape
 from models.config import DraftConfig, ExpertConfig, ModelConfig
-from models.hf import PATCH_KEY, _hf_shapes, _to_hf_name, config_from_hf, hf_config
+from models.hf import PATCH_KEY, hf_shapes, to_hf_name, config_from_hf, hf_config
 from models.target import Target
 
 UPSTREAM = ("NVlabs/alpamayo", "1cba38cabffb4b4416dbdd312c868e21ccd57394")
@@ -61,7 +61,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple]:
 def _vlm_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     with torch.device("meta"):  # shapes only: nothing is allocated
         target = Target(cfg.target)
-    return {"vlm." + k: v for k, v in _hf_shapes(target).items()}
+    return {"vlm." + k: v for k, v in hf_shapes(target).items()}
 
 
 def _in_proj_shapes(cfg: ExpertConfig) -> dict[str, tuple]:
@@ -84,9 +84,9 @@ def _in_proj_shapes(cfg: ExpertConfig) -> dict[str, tuple]:
 
 def to_alpamayo(target: Target, expert: ActionExpert) -> dict[str, torch.Tensor]:
     """Our modules -> {upstream name: tensor} (upstream shapes; Conv3d patch embedding)."""
-    hf = _hf_shapes(target)
-    out = {"vlm." + _to_hf_name(k): t.reshape(hf[_to_hf_name(k)])
-           for k, t in target.state_dict().items() if _to_hf_name(k) in hf}
+    hf = hf_shapes(target)
+    out = {"vlm." + to_hf_name(k): t.reshape(hf[to_hf_name(k)])
+           for k, t in target.state_dict().items() if to_hf_name(k) in hf}
     for k, t in expert.state_dict().items():
         if k.startswith(("layers.", "norm.")):
             out["expert." + k] = t
@@ -106,7 +106,7 @@ def from_alpamayo(tensors: dict[str, torch.Tensor], cfg: ModelConfig, dtype=torc
     target = Target(cfg.target).to(dtype)
     tstate = {}
     for k in target.state_dict():
-        name = "vlm." + _to_hf_name(k)
+        name = "vlm." + to_hf_name(k)
         if name in expected:
             tstate[k] = tensors[name]
     tstate[PATCH_KEY] = tstate[PATCH_KEY].reshape(tstate[PATCH_KEY].shape[0], -1)
@@ -150,11 +150,16 @@ def model_config(alpamayo: dict, vlm: dict) -> ModelConfig:
                              "specdrive's expert reads the VLM's K/V layer by layer, so it must match")
     if float(space.get("dt", DT)) != DT:
         raise ValueError(f"action_space_cfg.dt={space['dt']}: specdrive integrates at dt={DT}")
+    proj = alpamayo.get("action_in_proj_cfg") or {}
+    # upstream PerWaypointActionInProjV2 defaults: 4 layers, hidden 1024, 20 features
     expert = ExpertConfig(hidden=ec.get("hidden_size", tc["hidden_size"]),
                           heads=ec.get("num_attention_heads", tc["num_attention_heads"]),
                           intermediate=ec.get("intermediate_size", tc["intermediate_size"]),
                           n_waypoints=space.get("n_waypoints", 64),
-                          euler_steps=diff.get("num_inference_steps", 10))
+                          euler_steps=diff.get("num_inference_steps", 10),
+                          fourier_feats=proj.get("num_fourier_feats", 20),
+                          in_proj_layers=proj.get("num_enc_layers", 4),
+                          in_proj_hidden=proj.get("hidden_size", 1024))
     cfg = ModelConfig(target=target, draft=DraftConfig(), expert=expert)
     _check_in_proj(alpamayo.get("action_in_proj_cfg") or {}, cfg.expert)
     return cfg
@@ -162,7 +167,6 @@ def model_config(alpamayo: dict, vlm: dict) -> ModelConfig:
 
 def _check_in_proj(upstream: dict, cfg: ExpertConfig) -> None:
     feats, layers, hidden = in_proj_shape(cfg)
-    # upstream PerWaypointActionInProjV2 defaults: 4 layers, hidden 1024, 20 features, max_freq 100
     theirs = (upstream.get("num_fourier_feats", 20), upstream.get("num_enc_layers", 4),
               upstream.get("hidden_size", 1024), float(upstream.get("max_freq", 100.0)))
     if theirs != (feats, layers, hidden, MAX_FREQ):

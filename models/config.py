@@ -154,11 +154,15 @@ class ExpertConfig:
     n_waypoints: int = 64
     euler_steps: int = 10
     action_dim: int = 2          # (acceleration, curvature) per waypoint
+    fourier_feats: int = 20      # action input projection: Fourier features per action value
+    in_proj_layers: int = 2      # its MLP depth
+    in_proj_hidden: int = 0      # its MLP width; 0 = expert.hidden (resolved on construction)
 
     def __post_init__(self):
         for name in ("hidden", "heads", "intermediate", "n_waypoints", "euler_steps",
-                     "action_dim"):
+                     "action_dim", "fourier_feats", "in_proj_layers"):
             check_range(f"expert.{name}", getattr(self, name), lo=1)
+        self.in_proj_hidden = self.in_proj_hidden or self.hidden
         if self.hidden % self.heads:
             raise ConfigError(f"expert.hidden={self.hidden} must be a multiple of "
                               f"expert.heads={self.heads}")

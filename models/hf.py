@@ -133,7 +133,7 @@ def type_name(kind: str) -> str:
     return {"qwen3_vl": "Qwen3VL", "qwen2_5_vl": "Qwen2_5_VL"}[kind]
 
 
-def _to_hf_name(name: str) -> str:
+def to_hf_name(name: str) -> str:
     if name.startswith("visual."):
         return "model." + name
     return name if name.startswith("lm_head.") else "model.language_model." + name
@@ -170,7 +170,7 @@ def _check_names(expected: dict, got: dict, tied: bool) -> None:
         raise ValueError("HF checkpoint does not match the config:\n  " + "\n  ".join(problems))
 
 
-def _hf_shapes(target: Target) -> dict[str, tuple]:
+def hf_shapes(target: Target) -> dict[str, tuple]:
     shapes = {}
     for name, t in target.state_dict().items():
         if name == "lm_head.weight" and target.cfg.llm.tie_embeddings:
@@ -179,7 +179,7 @@ def _hf_shapes(target: Target) -> dict[str, tuple]:
         if name == PATCH_KEY:
             v = target.cfg.vision
             shape = (shape[0], v.in_channels, v.temporal_patch, v.patch, v.patch)
-        shapes[_to_hf_name(name)] = shape
+        shapes[to_hf_name(name)] = shape
     return shapes
 
 
@@ -189,10 +189,10 @@ def load_hf(path: str | Path, dtype=torch.float32) -> tuple[Target, ModelConfig]
     model_cfg = model_config_from_hf(json.loads((path / "config.json").read_text()))
     target = Target(model_cfg.target).to(dtype)
     tensors = _read_tensors(path)
-    expected = _hf_shapes(target)
+    expected = hf_shapes(target)
     _check_names(expected, tensors, model_cfg.target.llm.tie_embeddings)
-    state = {name: tensors[_to_hf_name(name)] for name in target.state_dict()
-             if _to_hf_name(name) in expected}
+    state = {name: tensors[to_hf_name(name)] for name in target.state_dict()
+             if to_hf_name(name) in expected}
     state[PATCH_KEY] = state[PATCH_KEY].reshape(state[PATCH_KEY].shape[0], -1)
     target.load_state_dict(state, strict=not model_cfg.target.llm.tie_embeddings)
     return target, model_cfg
@@ -202,10 +202,10 @@ def save_hf(target: Target, path: str | Path) -> None:
     """Write config.json + model.safetensors (HF names and shapes; never pickle)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    shapes = _hf_shapes(target)
+    shapes = hf_shapes(target)
     tensors = {}
     for name, t in target.state_dict().items():
-        hf = _to_hf_name(name)
+        hf = to_hf_name(name)
         if hf in shapes:
             tensors[hf] = t.detach().reshape(shapes[hf]).contiguous().cpu()
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
