@@ -1,0 +1,138 @@
+"""The backend interface: one object owns target, draft and action expert on one engine.
+
+The loop (runtime/loop.py) drives every backend through these calls with small host arrays
+(token ids, cache indices, a vocabulary mask); logits, hidden states and KV caches stay inside.
+
+Cache contract. Each model has a preallocated KV cache written by index. The loop owns the
+lengths: a call that feeds tokens at `start` writes rows start..start+n-1 and attends to rows
+[0, start+n). Rolling back after a rejection is passing a smaller `start` next time; rows past
+it are stale, never erased, and overwritten later.
+
+    vision(images)                  encode the camera images, keep the embeddings
+    prefill(inputs, readout)        write the prompt into target (and draft) caches; row T-1
+    set_mask(allowed, first)        tokens allowed from now on (masked logits -> -inf); a
+                                    (P, V) mask is periodic: sequence index i uses row
+                                    (i - first) % P (x / y trajectory bins alternate)
+    draft(tokens, start, k, pick)   feed `tokens` to the draft at `start`, then chain k tokens
+    verify(tokens, start, readout)  one target pass over `tokens` at `start`: one row each
+    action(tokens, start, v0, seed) write `tokens` at `start`, run the action expert on the
+                                    target cache [0, start+len(tokens)) -> (64, 3) waypoints
+
+`readout` is "argmax" ((n,) int64 of the masked logits) or "logits" ((n, V) fp32, masked
+entries -inf): the few integers or probabilities the acceptance rule needs.
+
+Backends are modules of runtime/backends/ and are loaded by name, so the engine library
+(torch, onnxruntime, tensorrt, tensorrt_llm) is imported only when that backend is chosen.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from prompt.config import ConfigError
+
+READOUTS = ("argmax", "logits")
+# CLI name -> module of runtime.backends ("table" is the numpy test double)
+BACKENDS = {"torch": "torch", "onnxruntime": "onnxruntime", "tensorrt": "tensorrt",
+            "tensorrt-llm": "tensorrt_llm", "table": "table"}
+
+
+@dataclass
+class PrefillInputs:
+    ids: np.ndarray                 # (T,) int64 prompt ids, ending with <|cot_start|>
+    positions: np.ndarray           # (3, T) int64 target M-RoPE ids (t, h, w rows)
+    rope_delta: int                 # decode token at cache row i has M-RoPE position i + delta
+    image_spans: list = field(default_factory=list)   # [(start, n_tokens)] in prompt order
+
+
+class Backend(abc.ABC):
+    """Target + draft + action expert on one engine. See the module docstring for the calls."""
+
+    name = "abstract"
+    # exact_only: acceptance happens inside the engine (TensorRT-LLM external-draft mode);
+    # `verify` then knows only the target's choices up to the first mismatch, so only the
+    # greedy exact rule can be driven. The loop refuses other rules with a ConfigError.
+    exact_only = False
+    # draft_keeps_proposals: the draft's cache rows of its own accepted proposals stay valid.
+    # False for EAGLE-style drafts, whose accepted rows are re-fed with the target's features
+    # (the loop then rolls the draft back to the rows it was fed from the accepted sequence).
+    draft_keeps_proposals = True
+    vocab_size: int
+    max_len: int                    # cache capacity in tokens
+
+    @abc.abstractmethod
+    def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
+        """(cams, frames, H, W, 3) -> (grid_thw (n_images, 3) in prompt order, spatial merge)."""
+
+    @abc.abstractmethod
+    def vision(self, images: np.ndarray) -> None:
+        """Encode uint8 images (cams, frames, H, W, 3); keep the embeddings for prefill."""
+
+    @abc.abstractmethod
+    def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
+        """Write the prompt into the caches; return the readout of the last row, shape (1,...)."""
+
+    @abc.abstractmethod
+    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
+        """(V,) or (P, V) bool of the tokens that may be chosen (None = all); see mask_rows."""
+
+    @abc.abstractmethod
+    def draft(self, tokens: np.ndarray, start: int, k: int,
+              pick: Callable[[np.ndarray], int] | None = None) -> np.ndarray:
+        """Feed `tokens` (>= 1) at draft row `start`, then chain k tokens -> (k,) int64.
+        pick(logits (V,) fp32) -> id chooses each (sampling); None = masked argmax on device."""
+
+    @abc.abstractmethod
+    def verify(self, tokens: np.ndarray, start: int, readout: str) -> np.ndarray:
+        """One target pass over `tokens` at target row `start` -> readout per token."""
+
+    @abc.abstractmethod
+    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int) -> np.ndarray:
+        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32.
+        Thread-safe against draft/verify calls that write rows >= start+len (the fallback
+        trajectory runs in a worker beside the reasoning)."""
+
+    def close(self) -> None:
+        """Release engine resources (streams, graphs, sessions)."""
+
+
+def load_backend(name: str, **kwargs) -> Backend:
+    """Import runtime.backends.<module> only now, and build its backend with `kwargs`."""
+    if name not in BACKENDS:
+        raise ConfigError(f"backend {name!r} is not known; choose one of {sorted(BACKENDS)}")
+    module_name = f"runtime.backends.{BACKENDS[name]}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name == module_name:
+            raise ConfigError(f"backend {name!r} is not implemented in this build "
+                              f"(no module {module_name})") from None
+        raise ConfigError(f"backend {name!r} needs the package {e.name!r}, which is not "
+                          "installed") from None
+    return module.create(**kwargs)
+
+
+def periodic_mask(allowed, vocab_size: int) -> np.ndarray:
+    """None, (V,) or (P, V) bool -> (P, V) bool."""
+    if allowed is None:
+        return np.ones((1, vocab_size), bool)
+    allowed = np.asarray(allowed, bool)
+    allowed = allowed[None] if allowed.ndim == 1 else allowed
+    if allowed.ndim != 2 or allowed.shape[1] != vocab_size or not allowed.any(axis=1).all():
+        raise ConfigError(f"mask shape {allowed.shape}: expected (V,) or (P, V) with V={vocab_size} "
+                          "and at least one allowed token per row")
+    return allowed
+
+
+def mask_rows(first: int, index0: int, n: int, period: int) -> np.ndarray:
+    """(n,) mask rows of the tokens at sequence indices index0 .. index0+n-1."""
+    return (index0 + np.arange(n) - first) % period
+
+
+def check_readout(readout: str) -> None:
+    if readout not in READOUTS:
+        raise ConfigError(f"readout={readout!r} is not allowed; choose one of {list(READOUTS)}")

@@ -1,0 +1,165 @@
+"""A deterministic numpy test double of a backend: table "models" with a real KV-cache contract.
+
+Target: row i of a block fed at `start` writes cache[start+i] = E[x_i] (+ the image feature for
+vision tokens) and reads the causal mean of cache[0 : start+i+1], so its output depends on
+every earlier row exactly like attention does: a wrong `start` or a stale row changes the
+output, which is what the loop tests need to catch.
+
+    h_i      = tanh(E[x_i] + mean(cache[:start+i+1]) + P[pos_i mod 64])     (D,)
+    logits_i = h_i @ W + stop_slope * (start + i - T) * onehot(stop_id)     (V,)
+
+pos_i = start + i + rope_delta (the M-RoPE text position). The draft is the same function with
+W + draft_noise * N(0, 1) and its own cache: noise 0 makes it the target (tau = k + 1).
+The action "expert" maps the mean of the target cache to accelerations and curvatures and
+integrates them from v0. Simulated costs (ms) move an injected FakeClock on the main thread
+only (a worker thread runs beside the loop, so its time does not add to the cycle's).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from prompt.config import ConfigError
+from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
+
+N_POS, N_WAYPOINTS, DT = 64, 64, 0.1
+
+
+class TableBackend(Backend):
+    name = "table"
+
+    def __init__(self, vocab_size: int, max_len: int = 512, dim: int = 16, seed: int = 0,
+                 draft_noise: float = 0.0, stop_id: int | None = None, stop_slope: float = 0.0,
+                 patch: int = 8, merge: int = 2, clock=None, costs: dict | None = None):
+        if vocab_size < 2 or max_len < 2:
+            raise ConfigError(f"table backend: vocab_size={vocab_size} and max_len={max_len} must be >= 2")
+        rng = np.random.default_rng(seed)
+        self.vocab_size, self.max_len, self.dim = vocab_size, max_len, dim
+        self.E = rng.normal(0, 1, (vocab_size, dim)).astype(np.float32)
+        self.P = rng.normal(0, 0.5, (N_POS, dim)).astype(np.float32)
+        self.W = rng.normal(0, 1, (dim, vocab_size)).astype(np.float32)
+        self.W_draft = (self.W + draft_noise * rng.normal(0, 1, self.W.shape)).astype(np.float32)
+        self.img_proj = rng.normal(0, 1, (3, dim)).astype(np.float32)
+        self.act_proj = rng.normal(0, 0.3, (dim, 2 * N_WAYPOINTS)).astype(np.float32)
+        self.stop_id, self.stop_slope = stop_id, float(stop_slope)
+        self.patch, self.merge = patch, merge
+        self.cache = np.zeros((max_len, dim), np.float32)         # (max_len, D) target rows
+        self.draft_cache = np.zeros((max_len, dim), np.float32)   # (max_len, D) draft rows
+        self.allowed, self.mask_first = periodic_mask(None, vocab_size), 0   # (P, V) bool
+        self.image_feats = None
+        self.prompt_len, self.rope_delta = 0, 0
+        self.clock, self.costs = clock, dict(costs or {})
+        self.calls = {"vision": 0, "prefill": 0, "draft": 0, "verify": 0, "action": 0}
+
+    # --- the Backend calls ---------------------------------------------------------------
+    def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
+        cams, frames, h, w, _ = image_shape
+        side = self.patch * self.merge
+        if h % side or w % side:
+            raise ConfigError(f"image size {h}x{w} must be a multiple of patch*merge={side}")
+        grid = np.array([[1, h // self.patch, w // self.patch]] * (cams * frames), dtype=np.int64)
+        return grid, self.merge
+
+    def vision(self, images: np.ndarray) -> None:
+        self._tick("vision")
+        flat = images.reshape(-1, images.shape[-3] * images.shape[-2], 3).astype(np.float32)
+        self.image_feats = (flat.mean(axis=1) / 255.0) @ self.img_proj          # (n_images, D)
+
+    def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
+        self._tick("prefill")
+        ids = np.asarray(inputs.ids, dtype=np.int64)
+        self._check_room(0, len(ids))
+        self.prompt_len, self.rope_delta = len(ids), int(inputs.rope_delta)
+        extra = np.zeros((len(ids), self.dim), np.float32)
+        for j, (s, n) in enumerate(inputs.image_spans):
+            if self.image_feats is None:
+                raise RuntimeError("table backend: prefill with images before vision()")
+            extra[s:s + n] = self.image_feats[j]
+        pos = np.asarray(inputs.positions)[0]
+        logits = self._forward(self.cache, self.W, ids, 0, pos, extra)
+        self._forward(self.draft_cache, self.W_draft, ids, 0, pos, extra)
+        return self._read(logits[-1:], readout, len(ids))
+
+    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
+        self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
+
+    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
+        self._tick("draft", k)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        out = np.zeros(k, np.int64)
+        for i in range(k):
+            self._check_room(start, len(tokens))
+            row = self._forward(self.draft_cache, self.W_draft, tokens, start, None)[-1:]
+            row = self._masked(row, start + len(tokens))[0]
+            out[i] = int(np.argmax(row)) if pick is None else int(pick(row))
+            start, tokens = start + len(tokens), out[i:i + 1]
+        return out
+
+    def verify(self, tokens, start: int, readout: str) -> np.ndarray:
+        self._tick("verify", len(tokens))
+        tokens = np.asarray(tokens, dtype=np.int64)
+        self._check_room(start, len(tokens))
+        return self._read(self._forward(self.cache, self.W, tokens, start, None), readout, start + 1)
+
+    def action(self, tokens, start: int, v0: float, seed: int) -> np.ndarray:
+        self._tick("action")
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if len(tokens):
+            self._check_room(start, len(tokens))
+            self._forward(self.cache, self.W, tokens, start, None)
+        ctx = self.cache[:start + len(tokens)].mean(axis=0)
+        noise = np.random.default_rng(seed).normal(0, 0.02, 2 * N_WAYPOINTS)
+        u = np.tanh(ctx @ self.act_proj + noise).reshape(N_WAYPOINTS, 2)
+        return integrate_actions(u[:, 0] * 1.5, u[:, 1] * 0.02, v0)
+
+    # --- internals -------------------------------------------------------------------------
+    def _forward(self, cache, W, tokens, start, pos, extra=None) -> np.ndarray:
+        """Write rows start.. and return logits (n, V) reading the causal mean of the cache."""
+        n = len(tokens)
+        cache[start:start + n] = self.E[tokens] + (0 if extra is None else extra)
+        csum = np.cumsum(cache[:start + n], axis=0, dtype=np.float64)[start:]
+        ctx = (csum / np.arange(start + 1, start + n + 1)[:, None]).astype(np.float32)
+        if pos is None:
+            pos = np.arange(start, start + n) + self.rope_delta
+        h = np.tanh(self.E[tokens] + ctx + self.P[np.asarray(pos) % N_POS])
+        logits = h @ W
+        if self.stop_id is not None:
+            logits[:, self.stop_id] += self.stop_slope * (np.arange(start, start + n) - self.prompt_len)
+        return logits.astype(np.float32)
+
+    def _masked(self, logits: np.ndarray, index0: int) -> np.ndarray:
+        """Rows choosing the tokens at sequence indices index0.. with their masks applied."""
+        rows = mask_rows(self.mask_first, index0, len(logits), len(self.allowed))
+        return np.where(self.allowed[rows], logits, -np.inf).astype(np.float32)
+
+    def _read(self, logits: np.ndarray, readout: str, index0: int) -> np.ndarray:
+        check_readout(readout)
+        masked = self._masked(logits, index0)
+        return masked.argmax(axis=-1).astype(np.int64) if readout == "argmax" else masked
+
+    def _check_room(self, start: int, n: int) -> None:
+        if start < 0 or start + n > self.max_len:
+            raise ValueError(f"table backend: rows [{start}, {start + n}) outside the cache "
+                             f"[0, {self.max_len})")
+
+    def _tick(self, op: str, width: int = 1) -> None:
+        """Count the call; move the fake clock by its simulated cost (main thread only)."""
+        self.calls[op] += 1
+        cost = self.costs.get(op)
+        if self.clock is None or cost is None or threading.current_thread() is not threading.main_thread():
+            return
+        self.clock.advance(cost(width) if callable(cost) else cost * (width if op == "draft" else 1))
+
+
+def integrate_actions(accel: np.ndarray, curvature: np.ndarray, v0: float) -> np.ndarray:
+    """(64,) accelerations and curvatures from speed v0 at the origin -> (64, 3) waypoints."""
+    v = np.maximum(v0 + np.cumsum(accel) * DT, 0.0)
+    heading = np.cumsum(v * curvature * DT)
+    x = np.cumsum(v * np.cos(heading) * DT)
+    y = np.cumsum(v * np.sin(heading) * DT)
+    return np.stack([x, y, heading], axis=1).astype(np.float32)
+
+
+def create(**kwargs) -> TableBackend:
+    return TableBackend(**kwargs)

@@ -1,0 +1,124 @@
+"""`specdrive plan`: run planning cycles over scenes, log them, draw them.
+
+    specdrive plan (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
+                   [--draft DIR|self|none] [--backend torch|onnxruntime|tensorrt|tensorrt-llm]
+                   [--budget-ms B] [--scenes N --seed S | --data DIR] --out DIR
+
+Writes OUT/cycles.jsonl (one line per cycle, failures included), OUT/summary.json and
+bird's-eye SVGs OUT/cycle_NNNN.svg for the first --pictures cycles; prints a live table.
+What an artifact is comes from its meta.json (runtime.artifacts), never from its path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from prompt.config import ConfigError
+from runtime.artifacts import open_backend
+from runtime.config import DECODING, TRAJECTORY_SOURCES, load_planner_config
+from runtime.planner import Planner
+from runtime.report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
+from runtime.sources import scene_source
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="run the planner on scenes (live table, JSON lines, pictures)",
+                              description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help="checkpoint folder (meta.json kind planner/target)")
+    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
+    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
+    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (with --preset)")
+    p.add_argument("--draft", default=None, help="draft checkpoint folder, 'self' (target drafts for "
+                   "itself) or 'none' (plain decoding); default: the draft that comes with the models")
+    p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm", "table"])
+    p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
+    p.add_argument("--budget-ms", type=float, help="latency budget per cycle (0 = off); default from the profile")
+    p.add_argument("--k", type=int, help="fixed draft length (turns adaptive k off; 0 = plain decoding)")
+    p.add_argument("--decoding", choices=DECODING)
+    p.add_argument("--trajectory", choices=TRAJECTORY_SOURCES)
+    p.add_argument("--max-reasoning", type=int, help="reasoning tokens per cycle at most")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--scenes", type=int, default=None, help="N synthetic scenes (default 8)")
+    data.add_argument("--data", type=Path, help="dataset folder of scenes shards")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
+    p.add_argument("--split", default="test", help="split of the synthetic scenes or the dataset")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
+    p.add_argument("--warmup", type=int, default=1, help="unlogged warm-up cycles on the first scene "
+                   "(first-call costs are not what the budget plans for)")
+    p.add_argument("--pictures", type=int, default=8, help="bird's-eye SVGs for the first N cycles")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--quiet", action="store_true", help="no live table")
+    p.set_defaults(run=run)
+
+
+def planner_config(args):
+    """The profile with the command line's overrides (re-validated by the dataclasses)."""
+    cfg = load_planner_config(args.profile)
+    spec, budget = cfg.spec, cfg.budget
+    if args.k is not None:
+        spec = dataclasses.replace(spec, k=args.k, adaptive=False)
+    if args.draft == "none":
+        spec = dataclasses.replace(spec, k=0, adaptive=False)
+    if args.decoding:
+        spec = dataclasses.replace(spec, decoding=args.decoding)
+    if args.budget_ms is not None:
+        budget = dataclasses.replace(budget, budget_ms=args.budget_ms)
+    changes = {"spec": spec, "budget": budget}
+    if args.trajectory:
+        changes["trajectory"] = args.trajectory
+    if args.max_reasoning is not None:
+        changes["max_reasoning_tokens"] = args.max_reasoning
+    return dataclasses.replace(cfg, **changes)
+
+
+def run(args) -> int:
+    cfg = planner_config(args)
+    if args.preset and args.random_init is None:
+        raise ConfigError("--preset needs --random-init SEED (random weights); "
+                          "trained models come with --checkpoint DIR")
+    if args.scenes is not None and args.scenes < 1:
+        raise ConfigError(f"--scenes={args.scenes} must be >= 1")
+    backend, tok = open_backend(args, cfg)
+    args.out.mkdir(parents=True, exist_ok=True)
+    planner = Planner(backend, tok, cfg)
+    log = JsonLog(args.out / "cycles.jsonl")
+    results = []
+    try:
+        if not args.quiet:
+            print(TABLE_HEADER, flush=True)
+        for i, scene in enumerate(scene_source(args, tok)):
+            if i == 0 and args.warmup:
+                planner.warmup(scene.images, scene.history, args.warmup)
+            res = planner.plan(scene.images, scene.history, scene=scene.name)
+            log.write({**res.to_json(), "expert": _rounded(scene.future), "family": scene.family})
+            results.append(res)
+            if not args.quiet:
+                print(table_row(res), flush=True)
+            if i < args.pictures:
+                birdseye_svg(args.out / f"cycle_{res.cycle:04d}.svg", res, scene.history, scene.future)
+    finally:
+        log.close()
+        planner.close()
+    summary = summarize(results)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def summarize(results) -> dict:
+    taus = [r.decode.get("tau", 0.0) for r in results if r.decode.get("steps")]
+    count = lambda flag: sum(flag in r.flags for r in results)  # noqa: E731
+    return {"cycles": len(results), "ok": sum(r.ok for r in results),
+            "sources": {s: sum(r.source == s for r in results) for s in ("reasoning", "prefill", "stop", "none")},
+            "errors": sum(r.error is not None for r in results),
+            "misses": count("miss"), "budget_cuts": count("budget_cut"),
+            "mean_tau": round(float(np.mean(taus)), 3) if taus else None}
+
+
+def _rounded(a):
+    return None if a is None else np.round(np.asarray(a, float), 3).tolist()

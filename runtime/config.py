@@ -1,0 +1,125 @@
+"""Planner configuration: checked dataclasses, one per concern (spec, budget, checks, planner).
+
+YAML presets live in configs/planner/NAME.yaml (one per engine profile: the budget priors
+differ per engine) and are read by `load_planner_config`, which goes through prompt.config.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prompt.config import ConfigError, check_choice, check_range, load_yaml
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "planner"
+CAMERAS = ("front_wide", "front_tele", "cross_left", "cross_right")
+DECODING = ("greedy", "sample")
+TRAJECTORY_SOURCES = ("expert", "tokens")
+K_MAX_LIMIT = 16
+
+
+@dataclass
+class SpecConfig:
+    """Speculative decoding. k = 0 is plain target decoding (no draft calls)."""
+    decoding: str = "greedy"        # greedy: exact argmax; sample: speculative sampling
+    k: int = 4                      # draft length when not adaptive (and the first guess when it is)
+    adaptive: bool = True           # choose k per step to maximise tokens per second
+    k_max: int = 8
+    temperature: float = 0.6        # Alpamayo-R1's sampling settings (temperature, then top-p)
+    top_p: float = 0.98
+    relax_r: int = 0                # Spec-VLA relaxed acceptance radius for trajectory tokens (bins)
+    seed: int = 0                   # sampling RNG seed (per planner; each cycle draws from it)
+
+    def __post_init__(self):
+        check_choice("spec.decoding", self.decoding, DECODING)
+        check_range("spec.k_max", self.k_max, lo=1, hi=K_MAX_LIMIT)
+        check_range("spec.k", self.k, lo=0, hi=self.k_max)
+        check_range("spec.temperature", self.temperature, lo=1e-3, hi=10.0)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"spec.top_p={self.top_p!r} is out of range; allowed (0, 1]")
+        check_range("spec.relax_r", self.relax_r, lo=0)
+        if self.relax_r and self.decoding != "greedy":
+            raise ConfigError(f"spec.relax_r={self.relax_r} needs decoding='greedy' (relaxed "
+                              "acceptance compares argmax bins); use relax_r=0 with 'sample'")
+
+
+@dataclass
+class BudgetConfig:
+    """Latency budget per cycle. budget_ms = 0 turns it off. Priors are worst-case costs (ms)
+    used until a stage has been measured; afterwards worst case = factor x the largest seen."""
+    budget_ms: float = 0.0
+    margin_ms: float = 5.0
+    worst_case_factor: float = 1.5
+    prior_vision_ms: float = 20.0
+    prior_prefill_ms: float = 40.0
+    prior_draft_step_ms: float = 2.0
+    prior_verify_ms: float = 6.0            # verify of width 1 ...
+    prior_verify_per_token_ms: float = 0.5  # ... plus this per extra token
+    prior_trajectory_ms: float = 30.0
+
+    def __post_init__(self):
+        for name in ("budget_ms", "margin_ms", "prior_vision_ms", "prior_prefill_ms",
+                     "prior_draft_step_ms", "prior_verify_ms", "prior_verify_per_token_ms",
+                     "prior_trajectory_ms"):
+            check_range(f"budget.{name}", getattr(self, name), lo=0.0)
+        check_range("budget.worst_case_factor", self.worst_case_factor, lo=1.0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_ms > 0
+
+
+@dataclass
+class CheckConfig:
+    """Kinematic limits a trajectory must meet before it leaves (10 Hz waypoints)."""
+    max_speed: float = 45.0          # m/s
+    max_accel: float = 8.0           # m/s^2, |longitudinal| (braking included)
+    max_jerk: float = 40.0           # m/s^3, finite differences at 10 Hz are noisy: a loose bound
+    max_curvature: float = 0.3       # 1/m (turning radius >= 3.3 m)
+    curvature_min_speed: float = 1.0  # m/s; below this curvature is not checked (heading is noise)
+    stop_decel: float = 2.0          # m/s^2, the comfortable stop's deceleration
+    max_history_speed: float = 60.0  # m/s; an ego history faster than this is absurd
+
+    def __post_init__(self):
+        for name in ("max_speed", "max_accel", "max_jerk", "max_curvature", "stop_decel",
+                     "max_history_speed"):
+            check_range(f"checks.{name}", getattr(self, name), lo=1e-6)
+        check_range("checks.curvature_min_speed", self.curvature_min_speed, lo=0.0)
+        if self.stop_decel > self.max_accel:
+            raise ConfigError(f"checks.stop_decel={self.stop_decel} must not exceed "
+                              f"checks.max_accel={self.max_accel} (the stop must pass the checks)")
+
+
+@dataclass
+class PlannerConfig:
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    checks: CheckConfig = field(default_factory=CheckConfig)
+    max_reasoning_tokens: int = 64   # CoC tokens after <|cot_start|> (Alpamayo-R1 allows 256)
+    trajectory: str = "expert"       # expert: action expert on the KV cache; tokens: 128 tokens
+    fallback_worker: bool = True     # prefill trajectory in a worker thread beside the reasoning
+    cameras: tuple[str, ...] = CAMERAS
+    image_hw: tuple[int, ...] = (64, 96)
+    frames: int = 2
+
+    def __post_init__(self):
+        check_range("max_reasoning_tokens", self.max_reasoning_tokens, lo=1, hi=4096)
+        check_choice("trajectory", self.trajectory, TRAJECTORY_SOURCES)
+        if not self.cameras or len(set(self.cameras)) != len(self.cameras):
+            raise ConfigError(f"cameras={list(self.cameras)!r} must be a non-empty list of distinct names")
+        if len(self.image_hw) != 2 or min(self.image_hw) < 1:
+            raise ConfigError(f"image_hw={list(self.image_hw)!r} must be [height, width], both >= 1")
+        check_range("frames", self.frames, lo=1)
+        if self.spec.relax_r and self.trajectory != "tokens":
+            raise ConfigError(f"spec.relax_r={self.spec.relax_r} only applies to trajectory='tokens' "
+                              "(trajectory tokens are masked while reasoning)")
+
+
+def load_planner_config(name_or_path: str | Path) -> PlannerConfig:
+    """A profile name (configs/planner/NAME.yaml) or a YAML path -> PlannerConfig."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+        raise ConfigError(f"planner profile {str(name_or_path)!r} not found; known profiles: {known}")
+    return load_yaml(PlannerConfig, path)

@@ -1,0 +1,79 @@
+"""What one cycle takes in and gives back: input checks and the result record."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from prompt.trajectory import TrajectoryRangeError, tokens_to_future
+
+
+class InputError(ValueError):
+    """Bad cycle input (images, history, prompt length); the message names it and what is allowed."""
+
+
+def check_images(images, cfg) -> np.ndarray:
+    """Camera images -> (cams, frames, H, W, 3) uint8 in cfg.cameras order.
+
+    Accepts that array or a mapping {camera name: (frames, H, W, 3)}; anything else, a missing
+    or unknown camera, a wrong shape or dtype raises InputError saying what was expected."""
+    h, w = cfg.image_hw
+    want = (cfg.frames, h, w, 3)
+    if isinstance(images, Mapping):
+        missing = [c for c in cfg.cameras if c not in images]
+        unknown = sorted(set(images) - set(cfg.cameras))
+        if missing or unknown:
+            raise InputError(f"cameras: missing {missing}, unknown {unknown}; the planner needs "
+                             f"exactly {list(cfg.cameras)}")
+        images = [np.asarray(images[c]) for c in cfg.cameras]
+        for cam, img in zip(cfg.cameras, images):
+            if img.shape != want:
+                raise InputError(f"camera {cam!r}: image shape {img.shape}, expected {want}")
+        images = np.stack(images)
+    images = np.asarray(images)
+    full = (len(cfg.cameras), *want)
+    if images.shape != full:
+        raise InputError(f"images have shape {images.shape}, expected {full} "
+                         f"(cameras {list(cfg.cameras)}, frames, H, W, RGB)")
+    if images.dtype != np.uint8:
+        raise InputError(f"images have dtype {images.dtype}, expected uint8")
+    return images
+
+
+def future_from_tokens(tok, ids) -> np.ndarray:
+    """128 decoded trajectory tokens (x, y alternating) -> (64, 3) waypoints, or ValueError."""
+    try:
+        return tokens_to_future(tok, np.asarray(ids, np.int64))
+    except TrajectoryRangeError as e:
+        raise ValueError(f"decoded trajectory tokens are malformed: {e}") from None
+
+
+@dataclass
+class CycleResult:
+    cycle: int
+    scene: str | None = None
+    trajectory: np.ndarray | None = None   # (64, 3) float32 that passed the checks, or None
+    source: str = "none"                   # reasoning | prefill | stop | none
+    flags: list = field(default_factory=list)
+    error: str | None = None
+    reasoning: str = ""
+    reasoning_ids: list = field(default_factory=list)
+    stop_reason: str = ""
+    checks: list = field(default_factory=list)   # problems of the reasoning trajectory, if any
+    decode: dict = field(default_factory=dict)
+    timing: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """The trajectory is this cycle's own (reasoning) and nothing was flagged."""
+        return self.source == "reasoning" and not self.flags and self.error is None
+
+    def to_json(self) -> dict:
+        traj = None if self.trajectory is None else np.round(self.trajectory.astype(float), 4).tolist()
+        return {"cycle": self.cycle, "scene": self.scene, "ok": self.ok, "source": self.source,
+                "flags": list(self.flags), "error": self.error, "reasoning": self.reasoning,
+                "reasoning_ids": [int(i) for i in self.reasoning_ids], "stop_reason": self.stop_reason,
+                "checks": list(self.checks), "decode": self.decode, "timing": self.timing,
+                "notes": list(self.notes), "trajectory": traj}

@@ -1,0 +1,214 @@
+"""The speculative loop: chain-draft k tokens, verify k+1 in one target pass, accept n, roll back.
+
+One loop serves every backend and every rule. State is host-side and small:
+
+    seq    the accepted tokens (prompt + generated); seq[-1] is always pending (not yet fed)
+    t_len  target cache rows that are valid (tokens seq[:t_len] have been fed)
+    d_len  draft cache rows that are valid
+
+A step feeds the target seq[t_len:] + draft (width w = pending + k) and the draft seq[d_len:]
++ its own k-1 proposals; after accepting n of k and adding token t, t_len = len(seq) - 1 and
+the draft keeps min(n, k-1) of its proposals. When all k are accepted d[k-1] was never fed to
+the draft: it stays pending and the next draft call feeds it first (the cache is filled then).
+k = 0 is a plain target step (width 1, no draft call): plain decoding is this loop with k = 0.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime.acceptance import accept_greedy, accept_relaxed, accept_sampling, process_logits, sample
+from runtime.backend import PrefillInputs
+
+BRANCHES = ("plain", "all_accepted", "partial", "first_rejected", "stop_in_block", "max_length")
+
+
+def perf_ms() -> float:
+    return time.perf_counter() * 1e3
+
+
+class GreedyRule:
+    """Exact greedy: output identical to plain greedy decoding of the target."""
+    readout = "argmax"
+    pick = None
+
+    def begin(self) -> None:
+        pass
+
+    def first(self, row: np.ndarray) -> int:
+        return int(row[0])
+
+    def accept(self, draft, rows) -> tuple[int, int]:
+        return accept_greedy(draft, rows)
+
+
+class RelaxedRule(GreedyRule):
+    """Greedy with Spec-VLA relaxed acceptance of trajectory tokens (text stays exact)."""
+
+    def __init__(self, range_ids: np.ndarray, r: int):
+        self.range_ids, self.r = range_ids, int(r)
+
+    def accept(self, draft, rows) -> tuple[int, int]:
+        return accept_relaxed(draft, rows, self.range_ids, self.r)
+
+
+class SamplingRule:
+    """Speculative sampling with temperature and top-p; the draft samples on the host from q."""
+    readout = "logits"
+
+    def __init__(self, temperature: float, top_p: float, rng: np.random.Generator):
+        self.temperature, self.top_p, self.rng = temperature, top_p, rng
+        self.q: list[np.ndarray] = []
+
+    def begin(self) -> None:
+        self.q = []
+
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        return process_logits(logits, self.temperature, self.top_p)
+
+    def pick(self, logits: np.ndarray) -> int:
+        q = self.probs(logits)
+        self.q.append(q)
+        return sample(q, self.rng.random())
+
+    def first(self, row: np.ndarray) -> int:
+        return sample(self.probs(row[0]), self.rng.random())
+
+    def accept(self, draft, rows) -> tuple[int, int]:
+        q = np.stack(self.q) if len(draft) else np.zeros((0, rows.shape[-1]), np.float32)
+        return accept_sampling(draft, q, self.probs(rows), self.rng)
+
+
+class FixedK:
+    """The same k every step (k = 0: plain decoding)."""
+
+    def __init__(self, k: int):
+        self.k = int(k)
+
+    def next_k(self, pending: int) -> int | None:
+        return self.k
+
+    def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int) -> None:
+        pass
+
+
+@dataclass
+class DecodeState:
+    seq: list
+    t_len: int
+    d_len: int
+
+    @classmethod
+    def after_prefill(cls, prompt_ids, first_token: int) -> "DecodeState":
+        """Prefill wrote the whole prompt into both caches and chose the first token."""
+        seq = [int(i) for i in prompt_ids] + [int(first_token)]
+        return cls(seq, len(seq) - 1, len(seq) - 1)
+
+    def force(self, tokens) -> None:
+        """Append tokens the target did not choose (e.g. a forced <|cot_end|>)."""
+        self.seq.extend(int(t) for t in tokens)
+
+
+@dataclass
+class DecodeStats:
+    steps: int = 0
+    emitted: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    ks: list = field(default_factory=list)
+    branches: Counter = field(default_factory=Counter)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target verify pass (k + 1 when every draft is accepted)."""
+        return self.emitted / self.steps if self.steps else 0.0
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "emitted": self.emitted, "drafted": self.drafted,
+                "accepted": self.accepted, "tau": round(self.tau, 4), "ks": list(self.ks),
+                "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3),
+                "branches": dict(self.branches)}
+
+
+def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int,
+           reserve: int = 0, clock=perf_ms, stats: DecodeStats | None = None) -> str:
+    """Step until seq ends with a stop id ("stop"), reaches `limit` tokens ("limit"), the cache
+    (less `reserve` rows kept for the trajectory tail) is full ("max_len"), or the policy
+    returns None ("budget"). Returns the reason; `state` and `stats` are updated in place."""
+    stats = stats if stats is not None else DecodeStats()
+    stops = {int(s) for s in stop_ids}
+    while True:
+        if state.seq[-1] in stops:
+            return "stop"
+        room = min(limit - len(state.seq) - 1, backend.max_len - reserve - len(state.seq))
+        if room < 0:
+            return "limit" if len(state.seq) >= limit else "max_len"
+        k = policy.next_k(len(state.seq) - state.t_len)
+        if k is None:
+            return "budget"
+        if k > room:
+            k = room
+            stats.branches["max_length"] += 1
+        step(backend, state, rule, policy, k, stops, clock, stats)
+
+
+def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, stats: DecodeStats) -> None:
+    """One draft -> verify -> accept step of draft length k (k = 0: a plain target step)."""
+    rule.begin()
+    pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
+    t0 = clock()
+    draft = np.zeros(0, np.int64)
+    if k:
+        draft = np.asarray(backend.draft(np.asarray(state.seq[state.d_len:], np.int64),
+                                         state.d_len, k, rule.pick), dtype=np.int64)
+    t1 = clock()
+    rows = backend.verify(np.concatenate([pending, draft]), state.t_len, rule.readout)
+    t2 = clock()
+    n, t = rule.accept(draft, rows[len(pending) - 1:])
+    emitted = [int(x) for x in draft[:n]] + [t]
+    cut = next((i for i, x in enumerate(emitted) if x in stops), None)
+    if cut is not None and cut < n:
+        stats.branches["stop_in_block"] += 1     # tokens after an accepted stop are dropped
+    if cut is not None:
+        emitted = emitted[:cut + 1]
+    if k:   # the draft was fed seq[d_len:] and d[:k-1]; those now in seq may stay valid
+        kept = min(n, k - 1, len(emitted)) if backend.draft_keeps_proposals else 0
+        state.d_len = len(state.seq) + kept
+    state.seq.extend(emitted)
+    state.t_len = len(state.seq) - 1
+    policy.observe(k, n, t1 - t0, t2 - t1, len(pending) + k)
+    _count(stats, k, n, len(emitted), t1 - t0, t2 - t1)
+
+
+def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, verify_ms: float) -> None:
+    stats.steps += 1
+    stats.emitted += emitted
+    stats.drafted += k
+    stats.accepted += n
+    stats.draft_ms += draft_ms
+    stats.verify_ms += verify_ms
+    stats.ks.append(k)
+    branch = "plain" if k == 0 else "all_accepted" if n == k else "first_rejected" if n == 0 else "partial"
+    stats.branches[branch] += 1
+
+
+def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, clock=perf_ms,
+             positions=None, rope_delta: int = 0):
+    """Prefill a token prompt and decode up to max_new tokens -> (new tokens, reason, stats).
+
+    For text-only prompts (benchmarks, tests, training's acceptance measurements): positions
+    default to 0..T-1 on all three M-RoPE axes, which is what M-RoPE gives plain text."""
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    if positions is None:
+        positions = np.repeat(np.arange(len(ids), dtype=np.int64)[None], 3, axis=0)
+    row = backend.prefill(PrefillInputs(ids, positions, rope_delta), rule.readout)
+    state = DecodeState.after_prefill(ids, rule.first(row))
+    stats = DecodeStats()
+    reason = decode(backend, state, rule, policy, stop_ids=stop_ids, limit=len(ids) + max_new,
+                    clock=clock, stats=stats)
+    return state.seq[len(ids):], reason, stats

@@ -1,0 +1,270 @@
+"""The Planner: what a vehicle stack calls once per cycle.
+
+    planner = Planner(backend, tokenizer, PlannerConfig(...))
+    result = planner.plan(images, history)      # images (4, 2, H, W, 3) uint8 or {camera: (2, H, W, 3)}
+
+A cycle: check inputs -> vision -> prefill -> [fallback trajectory from the prefill cache, in a
+worker] -> reasoning (speculative, under the budget) -> <|cot_end|> <|traj_future_start|> ->
+trajectory (action expert, or 128 trajectory tokens) -> output checks -> result. Every failure
+ends in a result with an error or flags and, whenever the ego speed is known, a trajectory that
+passed the checks (reasoning's, else the prefill fallback, else a comfortable stop).
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from prompt.config import ConfigError
+from prompt.layout import build_prompt
+from prompt.positions import mrope_position_ids
+from runtime.acceptance import trajectory_range_ids
+from runtime.adaptive import AcceptanceRate, CostModel, StepPolicy
+from runtime.backend import PrefillInputs
+from runtime.budget import CycleBudget, wall_ms
+from runtime.checks import check_history, check_trajectory, comfortable_stop, ego_speed
+from runtime.config import PlannerConfig
+from runtime.cycle import CycleResult, InputError, check_images, future_from_tokens
+from runtime.loop import DecodeState, DecodeStats, GreedyRule, RelaxedRule, SamplingRule, decode
+
+FUTURE_TOKENS = 128
+
+
+class Planner:
+    def __init__(self, backend, tokenizer, config: PlannerConfig | None = None, clock=wall_ms):
+        self.backend, self.tok = backend, tokenizer
+        self.cfg = config or PlannerConfig()
+        self.clock = clock
+        if backend.vocab_size != len(tokenizer):
+            raise ConfigError(f"backend vocab_size={backend.vocab_size} does not match the "
+                              f"tokenizer ({len(tokenizer)} tokens)")
+        spec = self.cfg.spec
+        if backend.exact_only and (spec.decoding != "greedy" or spec.relax_r):
+            raise ConfigError(f"backend {backend.name!r} accepts tokens inside its engine: only "
+                              "decoding='greedy' with relax_r=0 (exact acceptance) is available")
+        self.costs = CostModel(self.cfg.budget)     # learnt across cycles: the worst cases
+        self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate()}
+        self.rng = np.random.default_rng(spec.seed)
+        self.range_ids = trajectory_range_ids(tokenizer)
+        self.executor = ThreadPoolExecutor(1, "fallback") if self.cfg.fallback_worker else None
+        self.cycles = 0
+        self.last_v0: float | None = None
+        self.pending = None           # the last cycle's fallback (it reads the target cache)
+
+    def _drain_fallback(self) -> None:
+        """The next prefill overwrites the cache the last fallback may still read: wait for it."""
+        if self.pending is not None and hasattr(self.pending, "exception"):
+            self.pending.exception()
+        self.pending = None
+
+    def warmup(self, images, history, cycles: int = 1) -> None:
+        """Run cycles whose timings are then forgotten: first calls (allocation, lazy init,
+        CUDA graph capture) are not what the budget should plan for."""
+        for _ in range(cycles):
+            self.plan(images, history, scene="warmup")
+        self._drain_fallback()
+        self.costs.reset()
+        self.cycles = 0
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
+        self.backend.close()
+
+    def plan(self, images, history, scene: str | None = None) -> CycleResult:
+        """One planning cycle; never raises (bad input, a backend fault, even a fault of the
+        planner itself end in an error and, when the speed is known, a stop)."""
+        self.cycles += 1
+        budget = CycleBudget(self.cfg.budget, self.costs, self.clock)
+        res = CycleResult(cycle=self.cycles, scene=scene)
+        try:
+            self._drain_fallback()
+            images, v0 = self._check_inputs(images, history, res)
+        except InputError as e:
+            return self._fail_inputs(res, budget, str(e), "input_error")
+        except Exception as e:
+            return self._fail_inputs(res, budget, f"planner fault: {e!r}", "planner_error")
+        cycle = _Cycle(self, res, budget, v0, int(self.rng.integers(2**31)))
+        try:
+            cycle.run(images, history)
+        except Exception as e:
+            return self._fail_inputs(res, budget, f"planner fault: {e!r}", "planner_error")
+        self.pending = cycle.fallback
+        res.timing = budget.finish()
+        res.flags += [f for f in budget.flags if f not in res.flags]
+        return res
+
+    def _check_inputs(self, images, history, res: CycleResult):
+        problems = check_history(history, self.cfg.checks)
+        if problems:
+            raise InputError(problems[0])
+        v0 = ego_speed(history)
+        self.last_v0 = v0
+        return check_images(images, self.cfg), v0
+
+    def _fail_inputs(self, res: CycleResult, budget: CycleBudget, error: str, flag: str) -> CycleResult:
+        res.error, res.flags = error, res.flags + [flag]
+        if self.last_v0 is not None:   # the ego speed is known (now or from the last cycle)
+            res.trajectory, res.source = comfortable_stop(self.last_v0, self.cfg.checks), "stop"
+        res.timing = budget.finish()
+        return res
+
+
+class _Cycle:
+    """The stages of one cycle (kept apart from Planner so each stays a short function)."""
+
+    def __init__(self, planner: Planner, res: CycleResult, budget: CycleBudget, v0: float, seed: int):
+        self.p, self.res, self.budget, self.v0, self.seed = planner, res, budget, v0, seed
+        self.cfg, self.tok, self.be = planner.cfg, planner.tok, planner.backend
+        self.fallback = None          # Future or ready (64, 3) array of the prefill trajectory
+
+    def run(self, images, history) -> None:
+        try:
+            inputs = self._prompt(images, history)
+            with self.budget.stage("vision"):
+                self.be.vision(images)
+            state = self._prefill(inputs)
+        except InputError as e:
+            self._deliver(None, error=str(e), flag="input_error")
+            return
+        except Exception as e:        # a backend fault before any trajectory exists
+            self._deliver(None, error=f"backend failed before reasoning: {e!r}", flag="backend_error")
+            return
+        self._start_fallback()
+        try:
+            self._reason(state)
+            if self._no_time_left():
+                self._deliver(None, flag="budget_exhausted")
+                return
+            with self.budget.stage("trajectory"):
+                traj = self._trajectory(state)
+        except Exception as e:
+            self._deliver(None, error=f"reasoning or trajectory failed: {e!r}", flag="reasoning_failed")
+            return
+        self._deliver(traj)
+
+    def _no_time_left(self) -> bool:
+        """The final trajectory would end after the deadline but the prefill one is ready."""
+        ready = isinstance(self.fallback, np.ndarray) or (self.fallback is not None and self.fallback.done())
+        return self.cfg.budget.enabled and ready and self.budget.left_ms() < self.budget.reserve_ms()
+
+    def _prompt(self, images, history) -> PrefillInputs:
+        """Prompt ids and M-RoPE positions; InputError if the history or the length is bad."""
+        grid, merge = self.be.vision_grid(images.shape)
+        n_tokens = [int(t * h * w) // merge**2 for t, h, w in grid]
+        try:
+            prompt = build_prompt(self.tok, n_tokens, history)
+        except ValueError as e:
+            raise InputError(f"ego history cannot be tokenized: {e}") from None
+        room = len(prompt.ids) + self.cfg.max_reasoning_tokens + self._reserve()
+        if room > self.be.max_len:
+            raise InputError(f"prompt of {len(prompt.ids)} tokens + {self.cfg.max_reasoning_tokens} "
+                             f"reasoning + trajectory tokens needs {room} cache rows; the backend "
+                             f"has {self.be.max_len}")
+        pos, delta = mrope_position_ids(prompt.ids, grid, merge, self.tok.image_pad, self.tok.vision_start)
+        self.prompt_len = len(prompt.ids)
+        return PrefillInputs(prompt.ids, pos, delta, prompt.image_spans)
+
+    def _prefill(self, inputs: PrefillInputs) -> DecodeState:
+        rule = self._rule("reasoning")
+        self.be.set_mask(self.tok.text_mask())       # trajectory tokens are masked while reasoning
+        with self.budget.stage("prefill"):
+            row = self.be.prefill(inputs, rule.readout)
+        return DecodeState.after_prefill(inputs.ids, rule.first(row))
+
+    def _start_fallback(self) -> None:
+        """Expert on the cache right after prefill (rows [0, T)), beside the reasoning."""
+        args = (np.zeros(0, np.int64), self.prompt_len, self.v0, self.seed)
+        try:
+            if self.p.executor is not None:
+                self.fallback = self.p.executor.submit(self.be.action, *args)
+            else:
+                with self.budget.stage("fallback"):
+                    self.fallback = self.be.action(*args)
+        except Exception as e:
+            self.res.flags.append("fallback_failed")
+            self.res.notes.append(f"fallback: {e!r}")
+
+    def _rule(self, phase: str):
+        spec = self.cfg.spec
+        if spec.decoding == "sample":
+            return SamplingRule(spec.temperature, spec.top_p, self.p.rng)
+        if phase == "trajectory" and spec.relax_r:
+            return RelaxedRule(self.p.range_ids, spec.relax_r)
+        return GreedyRule()
+
+    def _policy(self, phase: str) -> StepPolicy:
+        """Reasoning steps are capped by the budget; trajectory tokens (token mode) are not,
+        their whole decode is the trajectory stage. Each phase keeps its acceptance rate."""
+        spec, reasoning = self.cfg.spec, phase == "reasoning"
+        return StepPolicy(self.p.costs, spec.k, spec.adaptive and spec.k > 0, spec.k_max,
+                          cap=self.budget.cap if reasoning else None, rate=self.p.rates[phase])
+
+    def _reserve(self) -> int:
+        """Cache rows kept free after the reasoning: <|cot_end|> (+ <|traj_future_start|> and
+        the 128 trajectory tokens when the trajectory is decoded as tokens)."""
+        return 1 if self.cfg.trajectory == "expert" else 2 + FUTURE_TOKENS
+
+    def _reason(self, state: DecodeState) -> None:
+        stats, tok = DecodeStats(), self.tok
+        with self.budget.stage("reasoning"):
+            reason = decode(self.be, state, self._rule("reasoning"), self._policy("reasoning"),
+                            stop_ids=(tok.cot_end,), limit=self.prompt_len + self.cfg.max_reasoning_tokens,
+                            reserve=self._reserve(), clock=self.budget.clock, stats=stats)
+        self.budget.end_reasoning()
+        if reason != "stop":      # close the reasoning: <|cot_end|> forced
+            self.res.flags.append("budget_cut" if reason == "budget" else "reasoning_truncated")
+            state.force([tok.cot_end])
+        self.res.reasoning_ids = state.seq[self.prompt_len:-1]
+        self.res.reasoning = tok.decode(self.res.reasoning_ids)
+        self.res.stop_reason = reason
+        self.res.decode = stats.to_json()
+
+    def _trajectory(self, state: DecodeState) -> np.ndarray:
+        """Expert on the cache through <|cot_end|> (the pending tokens are written first), or
+        <|traj_future_start|> + 128 decoded trajectory tokens (relaxed acceptance if asked)."""
+        if self.cfg.trajectory == "expert":
+            tail = np.asarray(state.seq[state.t_len:], np.int64)
+            return self.be.action(tail, state.t_len, self.v0, self.seed)
+        state.force([self.tok.traj_future_start])
+        xy = np.zeros((2, len(self.tok)), bool)                        # x bin, y bin, x bin, ...
+        xy[0, self.tok.fut_x_ids.start:self.tok.fut_x_ids.stop] = True
+        xy[1, self.tok.fut_y_ids.start:self.tok.fut_y_ids.stop] = True
+        self.be.set_mask(xy, first=len(state.seq))
+        stats = DecodeStats()
+        decode(self.be, state, self._rule("trajectory"), self._policy("trajectory"), stop_ids=(),
+               limit=len(state.seq) + FUTURE_TOKENS, clock=self.budget.clock, stats=stats)
+        self.res.decode["trajectory"] = stats.to_json()
+        return future_from_tokens(self.tok, state.seq[-FUTURE_TOKENS:])
+
+    def _deliver(self, traj, error: str | None = None, flag: str | None = None) -> None:
+        """Check the trajectory; replace a failing or missing one: prefill fallback, else stop."""
+        res, checks = self.res, self.cfg.checks
+        if flag:
+            res.flags.append(flag)
+        if error:
+            res.error = error
+        if traj is not None:
+            res.checks = check_trajectory(traj, self.v0, checks)
+            if not res.checks:
+                res.trajectory, res.source = np.asarray(traj, np.float32), "reasoning"
+                return
+            res.flags.append("check_failed")
+        res.flags.append("fallback")
+        fb = self._fallback_result()
+        if fb is not None and not check_trajectory(fb, self.v0, checks):
+            res.trajectory, res.source = np.asarray(fb, np.float32), "prefill"
+            return
+        res.trajectory, res.source = comfortable_stop(self.v0, checks), "stop"
+
+    def _fallback_result(self):
+        if self.fallback is None or isinstance(self.fallback, np.ndarray):
+            return self.fallback
+        timeout = None
+        if self.cfg.budget.enabled:
+            timeout = max(self.budget.left_ms() - self.cfg.budget.margin_ms, 0.0) / 1e3
+        try:
+            return self.fallback.result(timeout=timeout)
+        except Exception as e:        # timed out or failed: the comfortable stop follows
+            self.res.notes.append(f"fallback: {e!r}")
+            return None

@@ -1,0 +1,84 @@
+"""The torch backend's loading and expert calls: checkpoints identified by meta.json, refused
+when they do not match the tokenizer, the prefill fallback beside the reasoning."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from models import io
+from prompt.config import ConfigError
+from prompt.vocab import Tokenizer
+from runtime.artifacts import find_checkpoints
+from runtime.backends.torch import create, with_tokenizer
+from runtime.loop import FixedK, GreedyRule, generate
+from test_spec_torch import build, one_thread, tiny_config  # noqa: F401  (fixture)
+
+TOK = Tokenizer.build("ego is cruising at 12 m/s , so keep speed".split())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A checkpoint folder as training writes it: target/, expert/, draft/ (any names), tokenizer.json."""
+    root = tmp_path_factory.mktemp("ckpt")
+    cfg = with_tokenizer(tiny_config(len(TOK)), TOK)
+    target, expert, draft = build(cfg, seed=3)
+    TOK.save(root / "tokenizer.json")
+    io.save(root / "a", {"target": target}, cfg, {"kind": "target"})
+    io.save(root / "b", {"expert": expert}, cfg, {"kind": "expert"})
+    io.save(root / "c", {"draft": draft}, cfg, {"kind": "draft"})
+    return root, (target, expert, draft)
+
+
+def test_checkpoints_load_and_decode_like_the_models_they_came_from(saved):
+    root, (target, expert, draft) = saved
+    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    prompt = np.arange(20, 40)
+    out, _, _ = generate(be, prompt, GreedyRule(), FixedK(3), max_new=12)
+    with torch.no_grad():
+        seq = list(prompt)
+        for _ in range(12):
+            logits, _ = target(torch.tensor([seq]), *target.rope(torch.arange(len(seq))[None]))
+            seq.append(int(logits[0, -1].argmax()))
+    assert out == seq[len(prompt):]
+    assert be.draft_kind == "routine" and not be.draft_keeps_proposals
+
+
+def test_a_checkpoint_of_another_vocabulary_is_refused(saved):
+    root, _ = saved
+    other = Tokenizer.build("a b c".split())
+    with pytest.raises(ConfigError, match="another vocabulary"):
+        create(other, checkpoints=find_checkpoints(root))
+
+
+def test_a_target_only_checkpoint_needs_a_draft_choice(saved, tmp_path):
+    root, _ = saved
+    ckpts = {k: v for k, v in find_checkpoints(root).items() if k != "draft"}
+    with pytest.raises(ConfigError, match="--draft self or --draft none"):
+        create(TOK, checkpoints=ckpts)
+    be = create(TOK, checkpoints=ckpts, draft="none", max_len=64)
+    out, _, stats = generate(be, np.arange(20, 30), GreedyRule(), FixedK(0), max_new=5)
+    assert len(out) == 5 and stats.drafted == 0
+    with pytest.raises(ConfigError, match="k = 0"):
+        be.draft(np.array([1]), 0, 2)
+
+
+def test_the_fallback_expert_runs_beside_the_reasoning(saved):
+    """The expert on the prefill rows [0, T) in a worker thread while the main thread keeps
+    verifying rows >= T gives the same waypoints as when it runs alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root, _ = saved
+    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    prompt = np.arange(20, 50)
+    generate(be, prompt, GreedyRule(), FixedK(0), max_new=1)
+    alone = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7)
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(be.action, np.zeros(0, np.int64), len(prompt), 8.0, 7)
+        for i in range(10):
+            be.verify(np.array([5 + i]), len(prompt) + i, "argmax")
+        beside = fut.result()
+    assert alone.shape == (64, 3) and np.isfinite(alone).all()
+    np.testing.assert_allclose(beside, alone, rtol=1e-5, atol=1e-5)
+    tail = be.action(np.array([TOK.cot_end]), len(prompt), 8.0, seed=7)
+    assert np.abs(tail - alone).max() > 0            # the final expert reads the reasoning rows too
