@@ -2,5 +2,5 @@
 
 numpy + the standard library + prompt/ only; engine libraries are imported by the backend
 that is chosen (runtime.backend.load_backend). Entry points: runtime.planner.Planner,
-runtime.loop.generate, `specdrive plan` (runtime.cli). See runtime/README.md.
+runtime.loop.generate, `specdrive plan` (tools/plan.py). See runtime/README.md.
 """

@@ -62,8 +62,11 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     return Tokenizer.load(file)
 
 
-def open_backend(args, cfg):
-    """The backend and tokenizer the command line asks for: (backend, tokenizer)."""
+def open_backend(args, cfg, default_tokenizer=None):
+    """The backend and tokenizer the command line asks for: (backend, tokenizer).
+
+    Random-weight models (--preset) have no tokenizer.json; `default_tokenizer()` gives theirs.
+    """
     max_len = 1024
     if args.engines is not None:
         meta = read_meta(args.engines)
@@ -84,8 +87,8 @@ def open_backend(args, cfg):
         ckpts = find_checkpoints(args.checkpoint)
         return load_backend(name, checkpoints=ckpts, tokenizer=tok, draft=args.draft,
                             device=args.device, eager=args.eager, max_len=max_len), tok
-    from runtime.sources import default_tokenizer
-
+    if default_tokenizer is None:
+        raise ConfigError("--preset models need a tokenizer; give --checkpoint DIR with tokenizer.json")
     tok = default_tokenizer()
     if name == "table":
         return load_backend("table", vocab_size=len(tok), max_len=max_len, seed=args.random_init,

@@ -19,7 +19,7 @@ def _subcommands():
     # name -> "module:function" that receives the subparsers object and adds itself
     return {
         "scenes": "scenes.cli:add_parser",
-        "plan": "runtime.cli:add_parser",
+        "plan": "tools.plan:add_parser",
         "demo": "tools.demo:add_parser",
     }
 

@@ -21,7 +21,7 @@ from runtime.artifacts import open_backend
 from runtime.config import DECODING, TRAJECTORY_SOURCES, load_planner_config
 from runtime.planner import Planner
 from runtime.report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
-from runtime.sources import scene_source
+from tools.sources import default_tokenizer, scene_source
 
 
 def add_parser(subparsers) -> None:
@@ -83,7 +83,7 @@ def run(args) -> int:
                           "trained models come with --checkpoint DIR")
     if args.scenes is not None and args.scenes < 1:
         raise ConfigError(f"--scenes={args.scenes} must be >= 1")
-    backend, tok = open_backend(args, cfg)
+    backend, tok = open_backend(args, cfg, default_tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)
     log = JsonLog(args.out / "cycles.jsonl")

@@ -1,18 +1,17 @@
 """Development inputs of `specdrive plan`: synthetic scenes or a dataset folder.
 
 The vehicle calls Planner.plan with its own camera frames and ego history; scenes/ is only the
-development world, so it is loaded by name here (like an engine library) and the shipped
-runtime never needs it. Every static import of runtime/ stays inside the import contract.
+development world, so this glue lives in tools/ (which may import every folder) and the
+shipped runtime never imports it.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
+from scenes import coc, dataset, world
 
 DEFAULT_SCENES = 8
 
@@ -26,26 +25,18 @@ class PlanScene:
     family: str | None
 
 
-def _scenes_module(name: str):
-    try:
-        return importlib.import_module(f"scenes.{name}")
-    except ModuleNotFoundError as e:
-        raise ConfigError(f"synthetic scenes need scenes.{name}, which is not available ({e.name})") from None
-
-
 def default_tokenizer() -> Tokenizer:
     """The shipped vocabulary: every word of the synthetic world's CoC grammar."""
-    return Tokenizer.build(_scenes_module("coc").vocabulary())
+    return Tokenizer.build(coc.vocabulary())
 
 
 def scene_source(args, tok):
     """Iterate PlanScenes: `--data DIR` (dataset shards) or `--scenes N --seed S`."""
     if args.data is not None:
-        scenes = _scenes_module("dataset").load(str(args.data), args.split)
+        scenes = dataset.load(str(args.data), args.split)
         for i, s in enumerate(scenes):
             yield _plan_scene(s, f"{args.split}/{i}")
         return
-    world = _scenes_module("world")
     n = DEFAULT_SCENES if args.scenes is None else args.scenes
     for i in range(n):
         s = world.make_scene(args.seed + i, split=args.split)
