@@ -77,3 +77,17 @@ def test_cli_unknown_command_exits_2():
 def test_cli_help_lists_commands():
     r = run_cli("--help")
     assert r.returncode == 0 and "COMMAND" in r.stdout
+
+
+def test_demo_runs_and_leaves_its_outputs(tmp_path):
+    r = run_cli("demo", "--out", str(tmp_path / "demo"), "--cycles", "1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = tmp_path / "demo"
+    assert len(list((out / "scenes").glob("scene_*.png"))) == 3
+    assert (out / "summary.json").is_file() and (out / "cycles.jsonl").read_text().count("\n") == 1
+    assert list(out.glob("cycle_*.svg"))
+
+
+def test_demo_refuses_bad_cycles(tmp_path):
+    r = run_cli("demo", "--out", str(tmp_path), "--cycles", "0")
+    assert r.returncode == 2 and "--cycles=0" in r.stderr

@@ -21,6 +21,8 @@ def _subcommands():
         "scenes": "scenes.cli:add_parser",
         "plan": "tools.plan:add_parser",
         "demo": "tools.demo:add_parser",
+        "train": "train.cli:add_parser",
+        "bench": "tools.bench:add_parser",
     }
 
 
