@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, check_choice, check_range, load_yaml
+from prompt.config import ConfigError, check_choice, check_range, load_named
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 VISION_STYLES = ("qwen3", "qwen2.5")
@@ -206,10 +206,4 @@ class ModelConfig:
 
 def load_preset(name_or_path: str | Path) -> ModelConfig:
     """A preset name (configs/models/NAME.yaml) or a path to a YAML file -> ModelConfig."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PRESET_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-        raise ConfigError(f"model preset {str(name_or_path)!r} not found; known presets: {known}")
-    return load_yaml(ModelConfig, path)
+    return load_named(ModelConfig, name_or_path, PRESET_DIR, "model preset", "presets")

@@ -78,3 +78,28 @@ def load_yaml(cls, path: str | Path):
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
     return from_dict(cls, data, where=str(path))
+
+
+def load_named(cls, name_or_path: str | Path, folder: Path, what: str, whats: str):
+    """A preset name (folder/NAME.yaml) or a path to a YAML file -> the checked dataclass `cls`.
+    `what` / `whats` name one preset and several in the error ("planner profile", "profiles")."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = Path(folder) / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in Path(folder).glob("*.yaml"))
+        raise ConfigError(f"{what} {str(name_or_path)!r} not found; known {whats}: {known}")
+    return load_yaml(cls, path)
+
+
+def read_json(path: str | Path, what: str):
+    """Parse a JSON file; a missing or malformed file is a ConfigError naming `what` and the path."""
+    import json
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} {str(path)!r} is not valid JSON: {e}") from None

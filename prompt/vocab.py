@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError
+from prompt.config import ConfigError, read_json
 from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
 
 SPECIAL = (
@@ -116,14 +116,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"tokenizer file {str(path)!r} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"tokenizer file {str(path)!r} is not valid JSON: {e}") from None
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_json(path, "tokenizer file"), str(path))
 
     @classmethod
     def from_json(cls, data: dict, where: str = "tokenizer") -> "Tokenizer":

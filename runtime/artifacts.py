@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prompt.config import ConfigError
+from prompt.config import ConfigError, read_json
 from prompt.vocab import Tokenizer
 from runtime.backend import BACKENDS, load_backend
 
@@ -21,12 +21,9 @@ MODEL_KINDS = ("target", "draft", "expert", "planner")
 
 def read_meta(folder: Path) -> dict:
     file = Path(folder) / "meta.json"
-    try:
-        meta = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{folder}: no meta.json; not a specdrive artifact") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{file}: not valid JSON ({e})") from None
+    if not file.is_file():
+        raise ConfigError(f"{folder}: no meta.json; not a specdrive artifact")
+    meta = read_json(file, "artifact metadata")
     if not isinstance(meta, dict) or "kind" not in meta:
         raise ConfigError(f"{file}: no 'kind'; cannot tell what this artifact is")
     return meta

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, check_choice, check_range, load_yaml
+from prompt.config import ConfigError, check_choice, check_range, load_named
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "planner"
 CAMERAS = ("front_wide", "front_tele", "cross_left", "cross_right")
@@ -116,10 +116,4 @@ class PlannerConfig:
 
 def load_planner_config(name_or_path: str | Path) -> PlannerConfig:
     """A profile name (configs/planner/NAME.yaml) or a YAML path -> PlannerConfig."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PRESET_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-        raise ConfigError(f"planner profile {str(name_or_path)!r} not found; known profiles: {known}")
-    return load_yaml(PlannerConfig, path)
+    return load_named(PlannerConfig, name_or_path, PRESET_DIR, "planner profile", "profiles")

@@ -116,6 +116,7 @@ def test_logits_match(pair, prompt):
     _, hf, ours, _ = pair
     pos, _ = our_positions(prompt)
     diff = (hf_logits(hf, prompt) - our_logits(ours, prompt, pos)).abs().max().item()
+    print(f"max |logit diff| = {diff:.3g}")
     assert diff <= TOL, f"max |logit diff| = {diff:.3g} > {TOL}"
     # the comparison is sensitive: plain 1D positions instead of M-RoPE must show up
     flat = np.arange(pos.shape[1])[None].repeat(3, 0)
