@@ -29,27 +29,50 @@ def read_meta(folder: Path) -> dict:
     return meta
 
 
-def find_checkpoints(folder: Path) -> dict[str, Path]:
-    """{kind: checkpoint folder} for DIR and its direct subfolders that carry a meta.json."""
+DEFAULT_DRAFT = "flat"   # the draft variant a checkpoint folder runs with unless --draft says
+
+
+def scan_checkpoints(folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """({kind: folder} for target / expert / planner, {variant: folder} for drafts) from the
+    meta.json of DIR and its direct subfolders. A draft is named by its meta.json "variant"
+    (flat, mrope, flat-standalone, flat-aarl, ...), else its folder name, as a label only."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"checkpoint folder {str(folder)!r} does not exist")
-    found: dict[str, Path] = {}
+    models: dict[str, Path] = {}
+    drafts: dict[str, Path] = {}
     for cand in [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]:
         if not (cand / "meta.json").is_file():
             continue
         meta = read_meta(cand)
-        if meta.get("format") != CHECKPOINT_FORMAT or meta["kind"] not in MODEL_KINDS:
-            raise ConfigError(f"{cand}/meta.json: format {meta.get('format')!r} kind {meta['kind']!r} "
+        kind = meta["kind"]
+        if meta.get("format") != CHECKPOINT_FORMAT or kind not in MODEL_KINDS:
+            raise ConfigError(f"{cand}/meta.json: format {meta.get('format')!r} kind {kind!r} "
                               f"is not a specdrive model checkpoint (kinds {list(MODEL_KINDS)})")
-        if meta["kind"] in found:
-            raise ConfigError(f"{folder}: two checkpoints of kind {meta['kind']!r} "
-                              f"({found[meta['kind']]} and {cand}); keep one")
-        found[meta["kind"]] = cand
-    if "planner" not in found and "target" not in found:
+        label = str(meta.get("variant") or cand.name) if kind == "draft" else kind
+        table = drafts if kind == "draft" else models
+        if label in table:
+            raise ConfigError(f"{folder}: two checkpoints of kind {kind!r} named {label!r} "
+                              f"({table[label]} and {cand}); keep one")
+        table[label] = cand
+    if "planner" not in models and "target" not in models:
         raise ConfigError(f"{folder}: no target checkpoint (meta.json kind 'target' or 'planner'); "
-                          f"found kinds {sorted(found)}")
-    return found
+                          f"found kinds {sorted(models) + (['draft'] if drafts else [])}")
+    return models, drafts
+
+
+def find_checkpoints(folder: Path, draft: str | None = None) -> dict[str, Path]:
+    """{kind: folder} with at most one "draft": the variant named `draft`, else DEFAULT_DRAFT
+    when there are several, else the only one ("none", "self" or a path: no draft from here)."""
+    models, drafts = scan_checkpoints(folder)
+    if draft is None and drafts:
+        draft = DEFAULT_DRAFT if len(drafts) > 1 else next(iter(drafts))
+    if draft in drafts:
+        return {**models, "draft": drafts[draft]}
+    if draft is not None and draft not in ("none", "self") and not Path(draft).is_dir():
+        raise ConfigError(f"--draft {draft!r}: {folder} has the drafts {sorted(drafts)}; give one of "
+                          "them, a draft checkpoint folder, 'self' or 'none'")
+    return models
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:
@@ -81,8 +104,9 @@ def open_backend(args, cfg, default_tokenizer=None):
                           "(--checkpoint and --preset run the torch reference backend)")
     if args.checkpoint is not None:
         tok = load_tokenizer(args.checkpoint)
-        ckpts = find_checkpoints(args.checkpoint)
-        return load_backend(name, checkpoints=ckpts, tokenizer=tok, draft=args.draft,
+        ckpts = find_checkpoints(args.checkpoint, args.draft)
+        draft = None if "draft" in ckpts else args.draft   # a variant found here, or self/none/a path
+        return load_backend(name, checkpoints=ckpts, tokenizer=tok, draft=draft,
                             device=args.device, eager=args.eager, max_len=max_len), tok
     if default_tokenizer is None:
         raise ConfigError("--preset models need a tokenizer; give --checkpoint DIR with tokenizer.json")

@@ -68,3 +68,25 @@ def test_an_artifact_is_what_its_meta_json_says(tmp_path):
     (tmp_path / "other" / "meta.json").write_text(json.dumps({"format": "onnx", "kind": "target"}))
     with pytest.raises(ConfigError, match="not a specdrive model checkpoint"):
         find_checkpoints(tmp_path)
+
+
+def test_a_folder_with_several_drafts_runs_the_named_one_or_flat(tmp_path):
+    from prompt.config import ConfigError
+    from runtime.artifacts import find_checkpoints
+
+    def meta(folder, **fields):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "meta.json").write_text(json.dumps({"format": "specdrive-checkpoint", **fields}))
+
+    meta("t", kind="target")
+    meta("e", kind="expert")
+    meta("d1", kind="draft", variant="mrope")
+    meta("d2", kind="draft", variant="flat")
+    assert find_checkpoints(tmp_path)["draft"] == tmp_path / "d2"            # the default variant
+    assert find_checkpoints(tmp_path, "mrope")["draft"] == tmp_path / "d1"
+    assert "draft" not in find_checkpoints(tmp_path, "none")
+    with pytest.raises(ConfigError, match=r"has the drafts \['flat', 'mrope'\]"):
+        find_checkpoints(tmp_path, "eagle")
+    meta("d3", kind="draft", variant="flat")
+    with pytest.raises(ConfigError, match="two checkpoints of kind 'draft' named 'flat'"):
+        find_checkpoints(tmp_path)

@@ -1,0 +1,131 @@
+"""`specdrive bench` end to end on the PyTorch reference backend with micro models (2 layers,
+hidden 32): a checkpoint folder with two drafts found by their meta.json, and random weights
+with the target drafting for itself (tau = k + 1) and a noised copy. Output must equal plain
+decoding on every scene, the JSON must carry the machine and setup, the PNGs must be written;
+bad arguments exit with status 2 and a message naming the value."""
+import dataclasses
+import json
+
+import pytest
+import torch
+import yaml
+
+from models import io
+from models.action_expert import ActionExpert
+from models.config import DraftConfig, load_preset
+from models.draft import Draft
+from models.target import Target
+from runtime.backends.torch import with_tokenizer
+from tools.sources import default_tokenizer
+from tools import bench
+
+MICRO = {
+    "target": {"vision": {"depth": 1, "hidden": 16, "heads": 2, "intermediate": 32, "patch": 8,
+                          "temporal_patch": 2, "merge": 2, "num_position_embeddings": 144,
+                          "deepstack_layers": [0]},
+               "llm": {"layers": 2, "hidden": 32, "heads": 2, "kv_heads": 1, "head_dim": 16,
+                       "intermediate": 64, "vocab_size": 1100, "mrope_section": [4, 2, 2],
+                       "interleaved": True}},
+    "draft": {"layers": 1, "rope": "flat", "features": "fused", "feature_layers": [0, 1, 1]},
+    "expert": {"hidden": 32, "heads": 2, "intermediate": 32, "euler_steps": 2},
+}
+FAST = ["--scenes", "2", "--repeats", "2", "--warmup", "1", "--ks", "2", "--max-reasoning", "6"]
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("preset") / "micro.yaml"
+    path.write_text(yaml.safe_dump(MICRO))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, preset):
+    """tokenizer.json, target/, expert/, draft-flat/, draft-flat-standalone/ (random weights)."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    tok = default_tokenizer()
+    tok.save(folder / "tokenizer.json")
+    cfg = with_tokenizer(load_preset(preset), tok)
+    torch.manual_seed(0)
+    target, expert = Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
+    io.save(folder / "target", {"target": target}, cfg, {"kind": "target"})
+    io.save(folder / "expert", {"expert": expert}, cfg, {"kind": "expert"})
+    for variant, features in (("flat", "fused"), ("flat-standalone", "none")):
+        dcfg = dataclasses.replace(cfg, draft=DraftConfig(layers=1, rope="flat", features=features,
+                                                          feature_layers=(0, 1, 1)))
+        draft = Draft(dcfg, target.embed_tokens, target.lm_head)
+        io.save(folder / f"draft-{variant}", {"draft": draft}, dcfg, {"kind": "draft", "variant": variant})
+    return folder
+
+
+def run_cli(args, tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main([*args, *FAST, "--json", str(out)]) == 0
+    return json.loads(out.read_text()), out
+
+
+def is_png(path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_checkpoint_folder_every_draft_same_output(checkpoint, tmp_path, capsys):
+    rec, out = run_cli(["--checkpoint", str(checkpoint)], tmp_path)
+    names = [m["name"] for m in rec["modes"]]
+    assert names == ["plain", "flat k=2", "flat adaptive", "flat-standalone k=2", "flat-standalone adaptive"]
+    for m in rec["modes"]:
+        assert m["identical"]["fraction"] == 1.0, m["name"]
+        assert len(m["decode_speedup"]["values"]) == 2          # one per repeat
+    assert rec["machine"]["cpu"] and rec["machine"]["torch_threads"] == 1
+    assert rec["setup"]["repeats"] == 2 and rec["setup"]["backend"] == "torch"
+    assert is_png(out.with_suffix(".png")) and is_png(tmp_path / "bench_accept.png")
+    assert "flat k=2" in capsys.readouterr().out
+
+
+def test_checkpoint_drafts_chosen_by_name_plus_a_noised_target(checkpoint, tmp_path):
+    rec, _ = run_cli(["--checkpoint", str(checkpoint), "--drafts", "flat-standalone,noised:0.1",
+                      "--no-adaptive"], tmp_path)
+    assert [m["name"] for m in rec["modes"]] == ["plain", "flat-standalone k=2", "noised:0.1 k=2"]
+    assert all(m["identical"]["fraction"] == 1.0 for m in rec["modes"])
+
+
+def test_self_draft_accepts_everything(preset, tmp_path):
+    rec, _ = run_cli(["--preset", str(preset), "--random-init", "0", "--drafts", "self,noised:0.5"], tmp_path)
+    modes = {m["name"]: m for m in rec["modes"]}
+    assert all(m["identical"]["fraction"] == 1.0 for m in modes.values())
+    assert rec["where_accepted"]["self k=2"]["all"]["accept_rate"] == 1.0
+    assert modes["self k=2"]["c"] > 0.3        # the target as its own draft costs a target step
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "tiny"], "--random-init"),
+    (["--preset", "tiny", "--random-init", "0", "--drafts", "mine"], "'mine'"),
+    (["--preset", "tiny", "--random-init", "0", "--ks", "4,x"], "'4,x'"),
+    (["--preset", "tiny", "--random-init", "0", "--scenes", "0"], "scenes=0"),
+    (["--checkpoint", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+    (["--preset", "tiny", "--random-init", "0", "--drafts", "noised:x"], "'noised:x'"),
+])
+def test_bad_arguments_exit_2_naming_the_value(args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main([*args, "--json", str(tmp_path / "x.json")])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_checkpoint_without_expert_is_refused(checkpoint, tmp_path, capsys):
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "tokenizer.json").write_bytes((checkpoint / "tokenizer.json").read_bytes())
+    (only / "target").symlink_to(checkpoint / "target")
+    with pytest.raises(SystemExit):
+        bench.main(["--checkpoint", str(only), "--json", str(tmp_path / "x.json")])
+    assert "expert" in capsys.readouterr().err
+
+
+def test_add_parser_registers_the_bench_subcommand():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="specdrive")
+    bench.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--checkpoint", "ckpt", "--json", "out.json"])
+    assert args.run is bench.run
+    assert (args.ks, args.repeats, args.scenes, args.threads) == ("4,8", 3, 16, 1)

@@ -1,0 +1,263 @@
+"""`specdrive bench`: speculative vs plain decoding in one process, on the same scenes.
+
+    specdrive bench (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
+                    [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive]
+                    [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T]
+                    --json OUT [--plot PNG] [--accept-plot PNG]
+
+Modes: plain target decoding, then every draft with each fixed k and adaptive k (greedy). Per
+mode: tau, reasoning tokens/s, decode-phase speedup over plain (median and min-max over the
+repeats; vision and prefill reported separately), the scenes whose reasoning equals plain
+decoding's, cycle latency p50/p99/max, deadline misses, the measured draft cost ratio c and
+verify-width costs, the ideal speedup tau / (k c + v(k+1)) and the efficiency against it; and
+where the draft is accepted (routine vs commitment words, scenario families). Writes OUT (JSON),
+a speedup plot and a picture of one scene's reasoning colored by who produced each word.
+Drafts of a checkpoint folder are found by their meta.json (kind "draft"), never by folder name.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from prompt.config import ConfigError
+from runtime.artifacts import load_tokenizer, read_meta, scan_checkpoints
+from runtime.backend import load_backend
+from runtime.config import load_planner_config
+from tools import bench_report
+from tools.bench_run import BenchConfig, BenchScene, machine_info, make_modes, run_bench
+
+MAX_LEN = 1024
+SELF_DRAFTS = ("self",)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="speculative vs plain decoding: speedup, identity, where accepted",
+                              description=__doc__.splitlines()[0])
+    configure(p)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help="trained planner folder (tokenizer.json, target, "
+                     "expert, one or more drafts)")
+    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
+    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml or a path")
+    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (--preset)")
+    p.add_argument("--drafts", default=None, help="comma list: with --checkpoint the draft variants to "
+                   "run (default all); with --preset any of self, noised:SIGMA, routine "
+                   "(default self,noised:0.02)")
+    p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm"])
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
+    p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
+    p.add_argument("--ks", default="4,8", help="fixed draft lengths, comma separated (default 4,8)")
+    p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-k modes")
+    p.add_argument("--scenes", type=int, default=16, help="synthetic scenes (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first scene")
+    p.add_argument("--split", default="test", help="split of the synthetic scenes")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds over all scenes and modes")
+    p.add_argument("--warmup", type=int, default=1, help="untimed cycles per mode first")
+    p.add_argument("--budget-ms", type=float, default=0.0, help="planner budget in the timed cycles "
+                   "(default 0 = off, so every mode decodes the same tokens)")
+    p.add_argument("--deadline-ms", type=float, default=None, help="cycles longer than this count as "
+                   "deadline misses (default: the profile's budget_ms)")
+    p.add_argument("--max-reasoning", type=int, default=None, help="reasoning tokens per cycle at most")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads of this process (0 = torch's "
+                   "default); 1 keeps timings steady on a shared machine")
+    p.add_argument("--json", type=Path, required=True, help="where the bench record goes")
+    p.add_argument("--plot", type=Path, help="speedup plot (default: OUT with .png)")
+    p.add_argument("--accept-plot", type=Path, help="where-accepted picture (default: OUT_accept.png)")
+    p.add_argument("--picture-scene", type=int, default=0, help="scene index of the where-accepted picture")
+    p.set_defaults(run=run)
+
+
+def bench_config(args, profile) -> BenchConfig:
+    try:
+        ks = tuple(int(k) for k in args.ks.split(",") if k.strip())
+    except ValueError:
+        raise ConfigError(f"--ks {args.ks!r} must be comma-separated integers, e.g. 4,8") from None
+    deadline = profile.budget.budget_ms if args.deadline_ms is None else args.deadline_ms
+    return BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, repeats=args.repeats,
+                       warmup=args.warmup, ks=ks, adaptive=not args.no_adaptive, budget_ms=args.budget_ms,
+                       deadline_ms=deadline, max_reasoning_tokens=args.max_reasoning,
+                       picture_scene=args.picture_scene)
+
+
+def _selected(names: list[str], wanted: list[str], what: str) -> list[str]:
+    bad = [w for w in wanted if w not in names]
+    if bad:
+        raise ConfigError(f"--drafts {bad[0]!r} is not available; {what}: {names}")
+    return wanted
+
+
+def open_backends(args):
+    """(tokenizer, plain backend, {draft label: backend}, description of the source)."""
+    name = args.backend or "torch"
+    if args.engines is not None:
+        meta = read_meta(args.engines)
+        if meta["kind"] != "engines" or (args.backend and meta.get("backend") != args.backend):
+            raise ConfigError(f"{args.engines}/meta.json: kind {meta['kind']!r} backend "
+                              f"{meta.get('backend')!r}; expected kind 'engines' (and --backend to match)")
+        tok = load_tokenizer(args.engines)
+        be = load_backend(meta["backend"], engines=args.engines, meta=meta, tokenizer=tok)
+        return tok, be, {str(meta.get("draft", "draft")): be}, f"engines {args.engines}"
+    if name != "torch":
+        raise ConfigError(f"--backend {name} runs built engines: give --engines DIR")
+    common = {"device": args.device, "eager": args.eager, "max_len": MAX_LEN}
+    if args.checkpoint is not None:
+        return _checkpoint_backends(args, common)
+    if args.random_init is None:
+        raise ConfigError("--preset needs --random-init SEED (random weights)")
+    from tools.sources import default_tokenizer
+
+    tok = default_tokenizer()
+    base = {"preset": args.preset, "seed": args.random_init, "tokenizer": tok, **common}
+    drafts = _self_drafts((args.drafts or "self,noised:0.02").split(","), base)
+    return tok, load_backend("torch", draft="none", **base), drafts, f"preset {args.preset} (random weights)"
+
+
+def _selected_preset(text: str) -> list[str]:
+    out = []
+    for d in (x.strip() for x in text.split(",") if x.strip()):
+        ok = d in ("self", "routine")
+        if d.startswith("noised:"):
+            try:
+                ok = float(d.split(":")[1]) > 0
+            except ValueError:
+                ok = False
+        if not ok:
+            raise ConfigError(f"--drafts {d!r} is not allowed; use self, noised:SIGMA (SIGMA > 0), "
+                              "routine (--preset) or a draft variant of the checkpoint")
+        out.append(d)
+    return out
+
+
+def _checkpoint_backends(args, common):
+    """Every draft found (or those --drafts names); --drafts may add self / noised:SIGMA, the
+    trained target drafting for itself (a reference point: c = 1, tau = k + 1 when exact)."""
+    tok = load_tokenizer(args.checkpoint)
+    ckpts, found_drafts = scan_checkpoints(args.checkpoint)
+    names = None if args.drafts is None else [d.strip() for d in args.drafts.split(",") if d.strip()]
+    extra = [d for d in names or [] if d in SELF_DRAFTS or d.startswith("noised:")]
+    trained = sorted(found_drafts)
+    if names is not None:
+        trained = _selected(trained, [d for d in names if d not in extra], "draft variants found")
+    base = {"checkpoints": ckpts, "tokenizer": tok, **common}
+    drafts = {label: load_backend("torch", draft=str(found_drafts[label]), **base) for label in trained}
+    if "planner" in ckpts and args.drafts is None:
+        drafts.setdefault("planner", load_backend("torch", **base))
+    drafts.update(_self_drafts(extra, base))
+    if not drafts:
+        raise ConfigError(f"{args.checkpoint}: no draft checkpoint (meta.json kind 'draft') to bench; "
+                          "--drafts self,noised:SIGMA benches the target drafting for itself")
+    return tok, load_backend("torch", draft="none", **base), drafts, f"checkpoint {args.checkpoint}"
+
+
+def _self_drafts(names, base: dict) -> dict:
+    """{name: backend} of the target drafting for itself, exactly (self) or noised (noised:SIGMA)."""
+    out = {}
+    for d in _selected_preset(",".join(names)) if names else []:
+        if d == "routine":
+            out[d] = load_backend("torch", **base)
+        else:
+            noise = float(d.split(":")[1]) if d.startswith("noised:") else 0.0
+            out[d] = load_backend("torch", draft="self", draft_noise=noise, **base)
+    return out
+
+
+def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
+    from scenes.world import make_scene
+
+    out = []
+    for i in range(cfg.scenes):
+        s = make_scene(cfg.seed + i, split=cfg.split)
+        out.append(BenchScene(f"seed{cfg.seed + i}", s.family, np.asarray(s.images),
+                              np.asarray(s.history, np.float32), int(sum(s.coc_routine))))
+    return out
+
+
+def run(args) -> int:
+    profile = load_planner_config(args.profile)
+    cfg = bench_config(args, profile)
+    if args.threads < 0:
+        raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
+    tok, plain, drafts, source = open_backends(args)
+    modes = make_modes(drafts, plain, cfg)
+    with torch_threads(args.threads):
+        try:
+            record = run_bench(modes, bench_scenes(cfg), tok, profile, cfg, progress=True)
+            record["machine"] = machine_info(args.device)
+        finally:
+            for be in {id(m.backend.backend): m.backend.backend for m in modes}.values():
+                be.close()
+    record["setup"] = {"source": source, "backend": plain.name, "device": args.device,
+                       "profile": str(args.profile), "command": command_line(args),
+                       **{k: v for k, v in vars(cfg).items()}, "threads": args.threads,
+                       "fallback_worker": False, "decoding": "greedy",
+                       "gc": "collected before, disabled inside every timed cycle"}
+    write_outputs(args, record)
+    return 0
+
+
+def command_line(args) -> str:
+    """How to rerun this bench: `specdrive bench` and the arguments it was given."""
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        argv = sys.argv[1:]
+        argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
+    return " ".join(["specdrive bench", *argv])
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's CPU threads = n inside the block (0: leave as is), restored after it."""
+    if not n:
+        yield
+        return
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def write_outputs(args, record: dict) -> None:
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    plot = args.plot or args.json.with_suffix(".png")
+    accept = args.accept_plot or args.json.with_name(args.json.stem + "_accept.png")
+    best = bench_report.best_mode(record) or record["modes"][-1]["name"]
+    record["best"] = best
+    record["criterion"] = bench_report.criterion(record)
+    record["pictures"] = {"speedup": str(plot), "where_accepted": str(accept),
+                          "where_accepted_mode": best}
+    bench_report.plot_bench(plot, record)
+    record["pictures"]["where_accepted_scene"] = bench_report.plot_where(accept, record, best,
+                                                                         args.picture_scene)
+    args.json.write_text(json.dumps(record, indent=1) + "\n")
+    args.json.with_suffix(".md").write_text(bench_report.markdown_report(record))
+    print(bench_report.table(record), flush=True)
+    print(f"issue 6 bar (>= 2.5x, same output, >= 85% of ideal): {record['criterion']}", flush=True)
+    print(f"best: {best}; wrote {args.json} (and .md), {plot}, {accept}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tools.bench ...` (the same as `specdrive bench ...`)."""
+    parser = argparse.ArgumentParser(prog="specdrive bench", description=__doc__.splitlines()[0])
+    configure(parser)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except ConfigError as e:
+        parser.exit(2, f"specdrive bench: error: {e}\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

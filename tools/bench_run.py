@@ -1,0 +1,306 @@
+"""The measurement of `specdrive bench`: every mode on the same scenes, in one process.
+
+Order: warm-up cycles of every mode (discarded, and their timings forgotten by the planner),
+then `repeats` rounds; in each round every scene goes through every mode in turn, so all modes
+see the same machine load (other processes on a shared CPU), which a ratio needs more than
+absolute accuracy. Each cycle is one `Planner.plan` with the garbage collector collected before
+and disabled inside; the decode phase (reasoning tokens) is the planner's own "reasoning" stage,
+vision and prefill are its other stages, never mixed in. The budget is off by default so that
+every mode decodes the same tokens (a budget cut would change the text being timed); cycles
+longer than `deadline_ms` are counted as misses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from prompt.config import ConfigError, check_range
+from runtime.budget import wall_ms
+from runtime.config import K_MAX_LIMIT, PlannerConfig
+from runtime.planner import Planner
+from tools import accept_map
+from tools.bench_stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
+                               loss_factors, spread)
+
+SCHEMA = "specdrive-bench/1"
+
+
+@dataclass
+class BenchConfig:
+    """What to measure. ks: fixed draft lengths; adaptive: also the adaptive-k policy."""
+    scenes: int = 16
+    seed: int = 0
+    split: str = "test"
+    repeats: int = 3
+    warmup: int = 1
+    ks: tuple = (4, 8)
+    adaptive: bool = True
+    budget_ms: float = 0.0        # the planner's budget in the timed cycles (0 = off)
+    deadline_ms: float = 1000.0   # a cycle longer than this counts as a deadline miss
+    max_reasoning_tokens: int | None = None
+    picture_scene: int = 0
+
+    def __post_init__(self):
+        check_range("scenes", self.scenes, lo=1)
+        check_range("repeats", self.repeats, lo=1)
+        check_range("warmup", self.warmup, lo=0)
+        if not self.ks and not self.adaptive:
+            raise ConfigError("no speculative mode: give at least one k (--ks) or keep adaptive k")
+        for k in self.ks:
+            check_range("ks", k, lo=1, hi=K_MAX_LIMIT)
+        check_range("budget_ms", self.budget_ms, lo=0.0)
+        check_range("deadline_ms", self.deadline_ms, lo=0.0)
+        check_range("picture_scene", self.picture_scene, lo=0, hi=self.scenes - 1)
+
+
+@dataclass
+class Mode:
+    name: str            # "plain", "flat k=4", "flat adaptive"
+    draft: str           # draft label ("none" for plain decoding)
+    k: int               # 0 = plain decoding
+    adaptive: bool
+    backend: accept_map.Recorder
+
+
+@dataclass
+class BenchScene:
+    name: str
+    family: str
+    images: np.ndarray          # (4, 2, H, W, 3) uint8
+    history: np.ndarray         # (16, 3)
+    n_routine: int              # routine words in the scene's own CoC (scenes/coc.py)
+
+
+@dataclass
+class Cycle:
+    repeat: int
+    scene: int
+    res: object                 # runtime.cycle.CycleResult
+    steps: list = field(default_factory=list)
+
+
+def make_modes(draft_backends: dict, plain_backend, cfg: BenchConfig, clock=wall_ms) -> list[Mode]:
+    """plain on `plain_backend`, then for each {draft label: backend} every fixed k and adaptive.
+    A backend shared by several modes (an engines folder: plain is k = 0 on it) gets one Recorder."""
+    recorders: dict[int, accept_map.Recorder] = {}
+
+    def rec(be):
+        return recorders.setdefault(id(be), accept_map.Recorder(be, clock))
+
+    modes = [Mode("plain", "none", 0, False, rec(plain_backend))]
+    for label, be in draft_backends.items():
+        modes += [Mode(f"{label} k={k}", label, k, False, rec(be)) for k in cfg.ks]
+        if cfg.adaptive:
+            modes.append(Mode(f"{label} adaptive", label, 0, True, rec(be)))
+    return modes
+
+
+def mode_config(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> PlannerConfig:
+    """The profile with this mode's k, greedy decoding, the bench's budget, no fallback thread
+    (a second thread would share the cores with the timed decode phase). Adaptive k starts from
+    the profile's k (4 if the profile says plain) and stays <= its k_max."""
+    s = base.spec
+    if mode.adaptive:
+        k, k_max = (s.k or min(4, s.k_max)), s.k_max
+    else:
+        k, k_max = mode.k, max(s.k_max, mode.k)
+    spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=k, k_max=k_max, adaptive=mode.adaptive)
+    budget = dataclasses.replace(base.budget, budget_ms=cfg.budget_ms)
+    changes = {"spec": spec, "budget": budget, "fallback_worker": False}
+    if cfg.max_reasoning_tokens is not None:
+        changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
+    return dataclasses.replace(base, **changes)
+
+
+def timed_cycle(planner: Planner, scene: BenchScene):
+    """One planning cycle with the garbage collector kept out of it."""
+    gc.collect()
+    gc.disable()
+    try:
+        return planner.plan(scene.images, scene.history, scene=scene.name)
+    finally:
+        gc.enable()
+
+
+def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerConfig,
+              cfg: BenchConfig, clock=wall_ms, progress: bool = False) -> dict:
+    """Run every mode on every scene (module docstring) -> the bench record (JSON-ready)."""
+    if modes[0].k != 0 or modes[0].adaptive:
+        raise ConfigError("the first mode must be plain decoding (k = 0): speedups are relative to it")
+    planners = {m.name: Planner(m.backend, tok, mode_config(base, m, cfg), clock=clock) for m in modes}
+    for m in modes:       # first calls; the planner then forgets their timings (Planner.warmup)
+        planners[m.name].warmup(scenes[0].images, scenes[0].history, cycles=cfg.warmup)
+    cycles: dict[str, list[Cycle]] = {m.name: [] for m in modes}
+    bar = tqdm(total=cfg.repeats * len(scenes) * len(modes), desc="bench cycles", disable=not progress)
+    for r in range(cfg.repeats):
+        for i, scene in enumerate(scenes):
+            for m in modes:
+                res = timed_cycle(planners[m.name], scene)
+                steps = list(m.backend.steps)[:res.decode.get("steps", 0)]
+                cycles[m.name].append(Cycle(r, i, res, steps))
+                bar.update()          # between cycles, outside the timed region
+    bar.close()
+    return summarize(modes, scenes, cycles, tok, cfg)
+
+
+def summarize(modes, scenes, cycles: dict, tok, cfg: BenchConfig) -> dict:
+    plain = cycles["plain"]
+    t1_calls = [s.verify_ms for c in plain for s in c.steps if s.width == 1]
+    if not t1_calls:
+        raise RuntimeError("plain decoding made no decode step: nothing to compare against")
+    t1 = float(np.mean(t1_calls))
+    records = {m.name: _records(cycles[m.name], scenes, tok) for m in modes}
+    out = [_mode_summary(m, cycles[m.name], plain, t1, cfg) for m in modes]
+    where = {m.name: accept_map.where_accepted(_by_family(records[m.name], scenes)) for m in modes[1:]}
+    return {"schema": SCHEMA, "target_step_ms": round(t1, 4), "modes": out, "where_accepted": where,
+            "cycles": _cycle_log(modes, cycles, records, scenes, tok)}
+
+
+def _mode_summary(m: Mode, mine: list[Cycle], plain: list[Cycle], t1: float, cfg: BenchConfig) -> dict:
+    per_rep = [[c for c in mine if c.repeat == r] for r in range(cfg.repeats)]
+    plain_rep = [[c for c in plain if c.repeat == r] for r in range(cfg.repeats)]
+    ms = [sum(_stage(c, "reasoning") for c in rep) for rep in per_rep]
+    toks = [sum(c.res.decode.get("emitted", 0) for c in rep) for rep in per_rep]
+    plain_ms = [sum(_stage(c, "reasoning") for c in rep) for rep in plain_rep]
+    plain_toks = [sum(c.res.decode.get("emitted", 0) for c in rep) for rep in plain_rep]
+    speedups = decode_speedups(plain_ms, ms, plain_toks, toks)
+    pooled = decode_speedups([sum(plain_ms)], [sum(ms)], [sum(plain_toks)], [sum(toks)])
+    steps = [s for c in mine for s in c.steps]
+    emitted = sum(c.res.decode.get("emitted", 0) for c in mine)
+    tau = emitted / len(steps) if steps else 0.0
+    out = {"name": m.name, "draft": m.draft, "k": "adaptive" if m.adaptive else m.k, "tau": round(tau, 4),
+           "tokens_per_s": spread(n / (t / 1e3) for n, t in zip(toks, ms) if t > 0),
+           "decode_speedup": {"all": round(pooled[0], 4) if pooled else None, **spread(speedups)},
+           "decode_ms_per_token": round(sum(ms) / max(sum(toks), 1), 4),
+           "vision_ms": latency(_stage(c, "vision") for c in mine),
+           "prefill_ms": latency(_stage(c, "prefill") for c in mine),
+           "cycle_ms": latency(c.res.timing.get("total_ms", 0.0) for c in mine),
+           "deadline_misses": sum(_missed(c, cfg) for c in mine),
+           "budget_cuts": sum("budget_cut" in c.res.flags for c in mine),
+           "errors": sum(c.res.error is not None for c in mine),
+           "identical": _identical(mine, plain),
+           "trajectory_max_diff_m": _traj_diff(mine, plain)}
+    if m.k or m.adaptive:
+        out.update(_spec_terms(m, steps, tau, t1, ms, out["decode_speedup"]["all"]))
+    return out
+
+
+def _spec_terms(m: Mode, steps, tau: float, t1: float, ms, measured) -> dict:
+    terms = cost_terms(steps, t1)
+    v = terms["verify_ratio"]
+    ideal = ideal_speedup(tau, terms["ks"], terms["c"], lambda w: v[w])
+    eff = measured / ideal if ideal and measured else 0.0
+    factors = loss_factors(tau, terms["k_mean"], terms["c"], terms["v_mean"], eff)
+    busy = sum(s.draft_ms + s.verify_ms for s in steps)
+    return {"k_mean": round(terms["k_mean"], 3), "c": round(terms["c"], 4),
+            "draft_step_ms": round(terms["draft_step_ms"], 4),
+            "verify_ratio": {str(w): round(x, 4) for w, x in v.items()},
+            "ideal_speedup": round(ideal, 4), "efficiency": round(eff, 4),
+            "loop_overhead_share": round(1.0 - busy / sum(ms), 4) if sum(ms) > 0 else None,
+            "factors": factors, "note": limiting_note(m.name, factors, measured or 0.0, ideal, tau, terms["c"])}
+
+
+def _stage(c: Cycle, name: str) -> float:
+    return float(c.res.timing.get("stages_ms", {}).get(name, 0.0))
+
+
+def _missed(c: Cycle, cfg: BenchConfig) -> bool:
+    over = cfg.deadline_ms > 0 and c.res.timing.get("total_ms", 0.0) > cfg.deadline_ms
+    return "miss" in c.res.flags or over
+
+
+def _identical(mine: list[Cycle], plain: list[Cycle]) -> dict:
+    """Scenes whose reasoning equals plain decoding's in every repeat."""
+    ref = {(c.repeat, c.scene): c.res.reasoning_ids for c in plain}
+    bad = {c.scene for c in mine if c.res.reasoning_ids != ref[(c.repeat, c.scene)]}
+    n = len({c.scene for c in mine})
+    return {"scenes": n, "equal": n - len(bad), "fraction": round((n - len(bad)) / n, 4),
+            "differing_scenes": sorted(bad)}
+
+
+def _traj_diff(mine: list[Cycle], plain: list[Cycle]) -> float | None:
+    ref = {(c.repeat, c.scene): c.res.trajectory for c in plain}
+    diffs = [float(np.abs(c.res.trajectory - ref[(c.repeat, c.scene)]).max()) for c in mine
+             if c.res.trajectory is not None and ref[(c.repeat, c.scene)] is not None]
+    return round(max(diffs), 6) if diffs else None
+
+
+def _records(mine: list[Cycle], scenes, tok) -> list[dict]:
+    out = []
+    for c in mine:
+        if c.res.error is not None:        # no reasoning to explain (counted as an error)
+            out.append(None)
+            continue
+        gen = list(c.res.reasoning_ids) + [tok.cot_end]
+        words = [tok.token(i) for i in gen]
+        rec = accept_map.cycle_record(c.steps, gen, words, scenes[c.scene].n_routine,
+                                      forced_end=c.res.stop_reason != "stop")
+        out.append({**rec, "scene": c.scene, "repeat": c.repeat, "words": words})
+    return out
+
+
+def _by_family(records, scenes) -> dict:
+    groups: dict[str, list] = {}
+    for r in (r for r in records if r is not None):
+        groups.setdefault(scenes[r["scene"]].family, []).append(r)
+    return groups
+
+
+def _cycle_log(modes, cycles, records, scenes, tok) -> list[dict]:
+    """Repeat 0 of every mode and scene: the text, who produced each word, the stats."""
+    log = []
+    for m in modes:
+        for c, r in zip(cycles[m.name], records[m.name]):
+            if c.repeat:
+                continue
+            r = r or {"words": [], "labels": [], "classes": []}
+            log.append({"mode": m.name, "scene": scenes[c.scene].name, "family": scenes[c.scene].family,
+                        "reasoning": c.res.reasoning, "stop_reason": c.res.stop_reason,
+                        "error": c.res.error, "words": r["words"], "labels": r["labels"],
+                        "classes": r["classes"],
+                        "decode": {k: c.res.decode.get(k) for k in ("steps", "emitted", "accepted", "tau", "ks",
+                                                                     "branches")},
+                        "stages_ms": c.res.timing.get("stages_ms", {}), "flags": list(c.res.flags)})
+    return log
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """CPU model and threads; on CUDA the GPU name, clocks and power state (nvidia-smi), and the
+    Jetson power mode (nvpmodel) when present."""
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "numpy": np.__version__}
+    try:
+        import torch
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+        if device.startswith("cuda") and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+            info["gpu_query"] = _run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,"
+                                      "power.draw,power.limit,pstate,driver_version", "--format=csv"])
+            info["power_mode"] = _run(["nvpmodel", "-q"])
+    except ImportError:
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.lower().startswith(("model name", "hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _run(cmd) -> str | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
