@@ -221,11 +221,17 @@ class _Cycle:
         self.res.decode = stats.to_json()
 
     def _trajectory(self, state: DecodeState) -> np.ndarray:
-        """Expert on the cache through <|cot_end|> (the pending tokens are written first), or
-        <|traj_future_start|> + 128 decoded trajectory tokens (relaxed acceptance if asked)."""
+        """Expert on the cache through <|cot_end|>, or <|traj_future_start|> + 128 decoded
+        trajectory tokens (relaxed acceptance if asked).
+
+        The expert's cache rows of the reasoning are rewritten in one pass from the final text:
+        rows written by verify passes of different widths differ from plain decoding's in the
+        last fp32 bits, and the expert amplifies such differences (1e-6 in the cache moved a
+        trajectory by ~0.3 m). Rewritten, the trajectory is a function of the prompt and the
+        reasoning text alone, so speculative and plain decoding deliver the same waypoints."""
         if self.cfg.trajectory == "expert":
-            tail = np.asarray(state.seq[state.t_len:], np.int64)
-            return self.be.action(tail, state.t_len, self.v0, self.seed)
+            coc = np.asarray(state.seq[self.prompt_len:], np.int64)
+            return self.be.action(coc, self.prompt_len, self.v0, self.seed)
         state.force([self.tok.traj_future_start])
         xy = np.zeros((2, len(self.tok)), bool)                        # x bin, y bin, x bin, ...
         xy[0, self.tok.fut_x_ids.start:self.tok.fut_x_ids.stop] = True

@@ -82,3 +82,17 @@ def test_the_fallback_expert_runs_beside_the_reasoning(saved):
     np.testing.assert_allclose(beside, alone, rtol=1e-5, atol=1e-5)
     tail = be.action(np.array([TOK.cot_end]), len(prompt), 8.0, seed=7)
     assert np.abs(tail - alone).max() > 0            # the final expert reads the reasoning rows too
+
+
+def test_the_final_expert_depends_on_the_text_not_on_how_its_rows_were_written(saved):
+    """The planner passes the whole reasoning to `action` at the prompt length: the rows are
+    rewritten in one pass, so stale or differently rounded reasoning rows (verify passes of
+    other widths) cannot reach the trajectory."""
+    root, _ = saved
+    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    prompt, coc = np.arange(20, 50), np.array([31, 32, 33, TOK.cot_end])
+    generate(be, prompt, GreedyRule(), FixedK(0), max_new=1)
+    clean = be.action(coc, len(prompt), 8.0, seed=7)
+    be.cache[:, :, :, :, len(prompt):len(prompt) + 4] += 1e-3      # rows as another decode wrote them
+    assert np.abs(be.action(np.zeros(0, np.int64), len(prompt) + 4, 8.0, seed=7) - clean).max() > 0
+    np.testing.assert_array_equal(be.action(coc, len(prompt), 8.0, seed=7), clean)

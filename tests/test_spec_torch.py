@@ -194,14 +194,19 @@ def test_planner_prompts_with_images_spec_equals_plain():
     t = np.arange(-15, 1) * 0.1
     history = np.stack([8 * t, 0 * t, 0 * t], 1)
     images = [rng.integers(0, 256, (4, 2, 64, 96, 3), dtype=np.uint8) for _ in range(3)]
-    outs = {}
+    outs, trajs = {}, {}
     for k, adaptive in ((0, False), (3, False), (4, True)):
         be = TorchBackend(cfg, target, expert, routine, "routine", max_len=512)
         planner = Planner(be, tok, PlannerConfig(spec=SpecConfig(k=k, adaptive=adaptive), max_reasoning_tokens=24))
-        outs[(k, adaptive)] = [planner.plan(img, history).reasoning_ids for img in images]
+        results = [planner.plan(img, history) for img in images]
+        outs[(k, adaptive)] = [r.reasoning_ids for r in results]
+        trajs[(k, adaptive)] = np.stack([r.trajectory for r in results])
         planner.close()
     plain = outs.pop((0, False))
     assert all(o == plain for o in outs.values()) and any(plain)
+    # the same text gives the same waypoints, bit for bit, however it was decoded
+    for mode, traj in trajs.items():
+        assert np.array_equal(traj, trajs[(0, False)]), f"{mode}: max diff {np.abs(traj - trajs[(0, False)]).max()}"
     rows = []
     be.set_mask(None)
     for img in images[:2]:   # the images reach the prefill: its last logits row differs
