@@ -23,7 +23,7 @@ help:
 	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
 	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~90 min on 2 CPU cores)"
-	@echo "make bench    speculative vs plain decoding on the shipped checkpoints"
+	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -46,6 +46,23 @@ demo: $(STAMP)
 
 scenes: $(STAMP)
 	$(PY) -m tools.cli scenes generate --out data/scenes --n 2000 --seed 0
+
+# Reproduce checkpoints/tiny from scratch (data, SFT, distillation, AARL, ship, model card).
+train: $(STAMP)
+	$(PY) -m tools.cli scenes generate --out data/scenes --n 3000 --seed 0 --workers 2
+	$(PY) -m tools.cli train sft --config configs/train/sft.yaml
+	$(PY) -m tools.cli train distill --config configs/train/distill.yaml
+	$(PY) -m tools.cli train distill --config configs/train/distill-standalone.yaml
+	$(PY) -m tools.cli train aarl --config configs/train/aarl.yaml
+	$(PY) -m tools.cli train ship --config configs/train/ship.yaml
+	$(PY) -m tools.cli train eval --config configs/train/eval.yaml
+
+# Speculative vs plain decoding on the shipped checkpoints (table, JSON, plots in out/bench).
+bench: $(STAMP)
+	$(PY) -m tools.cli bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --json out/bench/bench.json
+
+engines profile:
+	@echo "make $@: not built yet (TensorRT engine builds and Nsight profiling land with the export and engines work)"; exit 2
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache .import_linter_cache
