@@ -1,0 +1,58 @@
+"""AARL: the rollout chain is the draft drafting (its scores equal the cached draft's logits),
+rollouts end at <|cot_end|>, the collision term sees an overlap, and a few-step AARL run logs
+reward, KL and accepted length and writes the flat-aarl draft."""
+import numpy as np
+import pytest
+import torch
+
+from models.draft import Draft
+from train import aarl, ckpt, metrics, sft
+from train.vocab import build_tokenizer
+from test_train_fixtures import examples, micro_preset, scenes, one_thread  # noqa: F401 (one_thread is a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_rollout_scores_equal_the_cached_draft_chain(tmp_path):
+    tok = build_tokenizer()
+    cfg, target, _ = sft.build_models(micro_preset(tmp_path), tok, seed=0)
+    torch.manual_seed(2)
+    draft = Draft(ckpt.draft_config(cfg, "flat"), target.embed_tokens, target.lm_head)
+    ex = examples(1, tok, cfg.target.vision)[0]
+    banned = torch.from_numpy(tok.traj_mask())
+    first, feats, embeds, T0 = aarl.prefill(target.eval(), ex, tuple(cfg.draft.feature_layers), banned)
+    prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
+    text = torch.from_numpy(tok.text_mask())
+    with torch.no_grad():
+        tokens, logq = aarl.chain(draft, prefix, feats, embeds, 5, text, 1.0, group=3)
+        _, again = aarl.chain(draft, prefix, feats, embeds, 5, text, 1.0, tokens, group=3)
+    assert torch.allclose(logq, again, atol=1e-5), "scoring the sampled tokens changed their log q"
+    assert not tok.traj_mask()[tokens.numpy()].any()
+    # the same chain through Draft.forward with its KV cache, rollout 0
+    cache = draft.new_cache(1, T0 + 6)
+    pos = torch.arange(T0 + 6)[None]
+    cos, sin = draft.rope(pos)
+    with torch.no_grad():
+        logits, h = draft(prefix, cos[:, :T0 + 1], sin[:, :T0 + 1], cache, 0, feats, embeds)
+        h = h[:, -1:]
+        ref = [torch.log_softmax(logits[0, -1].masked_fill(~text, float("-inf")), -1)[tokens[0, 0]]]
+        for i in range(4):
+            r = T0 + 1 + i
+            logits, h = draft(tokens[:1, i:i + 1], cos[:, r:r + 1], sin[:, r:r + 1], cache, r, h)
+            ref.append(torch.log_softmax(logits[0, -1].masked_fill(~text, float("-inf")), -1)[tokens[0, i + 1]])
+    err = (torch.stack(ref) - logq[0]).abs().max().item()
+    assert err < 1e-4, f"rollout log q differs from the cached draft: {err}"
+
+
+def test_valid_mask_stops_after_cot_end():
+    t = torch.tensor([[5, 13, 7, 13], [5, 6, 7, 8]])
+    m = aarl.valid_mask(t, cot_end=13)
+    assert m.tolist() == [[True, True, False, False], [True, True, True, True]]
+
+
+def test_collision_term_sees_an_overlap():
+    scene = next(s for s in scenes(6) if any(a["kind"] not in metrics.NON_SOLID for a in s.agents))
+    assert not metrics.collides(scene.future, scene), "the expert future never touches an agent"
+    i = next(i for i, a in enumerate(scene.agents) if a["kind"] not in metrics.NON_SOLID)
+    through = np.repeat(scene.agent_poses[i, 16:17], 64, axis=0)   # sit on the agent at t0 + 0.1 s
+    assert metrics.collides(through, scene)

@@ -1,0 +1,43 @@
+"""The shipped checkpoints (checkpoints/tiny) load through models.io, stay small, and are
+trained: the target's greedy reasoning on fresh scenes is CoC text ending in <|cot_end|>."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import io
+from train import ckpt, data, reasoning, sft
+from test_train_fixtures import one_thread  # noqa: F401 (fixture)
+
+SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny"
+DRAFTS = ("flat", "mrope", "flat-standalone", "flat-aarl")
+
+pytestmark = [pytest.mark.skipif(not (SHIPPED / "target" / "meta.json").is_file(),
+                                 reason="checkpoints/tiny has not been shipped in this tree"),
+              pytest.mark.usefixtures("one_thread")]
+
+
+def test_shipped_folder_is_small_and_complete():
+    size = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
+    assert size < 64 * 2**20, f"checkpoints/tiny holds {size / 2**20:.1f} MiB; keep it to tens of MB"
+    assert (SHIPPED / "tokenizer.json").is_file() and (SHIPPED / "MODEL_CARD.md").is_file()
+    for name, kind in [("target", "target"), ("expert", "expert")] + [(f"draft-{d}", "draft") for d in DRAFTS]:
+        if (SHIPPED / name).exists():
+            assert io.read_meta(SHIPPED / name)["kind"] == kind
+
+
+def test_shipped_models_load_and_reason():
+    from scenes.world import make_scene
+
+    tok, cfg, target, expert = ckpt.load_planner(SHIPPED)
+    exs = [data.encode_scene(make_scene(s, split="test"), tok, cfg.target.vision, sft.inverse_unicycle, s)
+           for s in (101, 202)]
+    tokens, lengths = reasoning.greedy_reasoning(target, exs, tok, max_new=64)
+    for t, n in zip(tokens, lengths):
+        words = tok.decode(t[:n - 1]).split()
+        assert t[n - 1] == tok.cot_end and words[:2] == ["ego", "is"], f"untrained-looking CoC: {words[:8]}"
+    for d in DRAFTS:
+        if (SHIPPED / f"draft-{d}").exists():
+            draft, meta = ckpt.load_draft(SHIPPED / f"draft-{d}", target)
+            assert meta["variant"] == d and draft.cfg.rope == ckpt.VARIANTS[d][0]
+            assert all(torch.isfinite(p).all() for p in draft.parameters())

@@ -1,0 +1,109 @@
+"""Every stage end to end on a handful of scenes with the micro preset, as `make train` chains
+them: SFT (resumable: an interrupted run ends where an uninterrupted one does), distillation of
+the three drafts, AARL, and the evaluation that prints the model card's numbers."""
+import json
+
+import pytest
+import torch
+import yaml
+
+from models import io
+from prompt.config import ConfigError
+from train import ckpt, config, distill, evaluate, sft, ship
+from train import aarl as aarl_stage
+from test_train_fixtures import micro_preset, one_thread  # noqa: F401 (one_thread is a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    from scenes.dataset import GenerateConfig, generate
+
+    root = tmp_path_factory.mktemp("stages")
+    generate(GenerateConfig(out=str(root / "scenes"), n=40, seed=0), progress=False)
+    micro_preset(root)
+    return root
+
+
+def _cfg(root, stage, body: dict):
+    path = root / f"{stage}-{len(list(root.glob('*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return config.load(stage, path)
+
+
+def _run(root, out, steps):
+    return {"out": str(root / out), "steps": steps, "batch_size": 2, "warmup": 1, "lr": 3e-3,
+            "ckpt_every_s": 0, "log_every": 1, "threads": 0}
+
+
+def _sft(root, out, steps=4):
+    return _cfg(root, "sft", {"preset": str(root / "micro.yaml"),
+                              "data": {"dir": str(root / "scenes"), "max_scenes": 6}, "run": _run(root, out, steps)})
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_sft_resume_matches_an_uninterrupted_run(root, monkeypatch):
+    whole = sft.run(_sft(root, "sft-whole"))
+    real_step = sft.sft_step
+
+    def stop_at_3(target, expert, batch, cfg, traj, step):
+        if step == 3:
+            raise Interrupt
+        return real_step(target, expert, batch, cfg, traj, step)
+
+    cut = _sft(root, "sft-cut")
+    cut.run.ckpt_every_s = 1e-9                         # a resumable state after every step
+    monkeypatch.setattr(sft, "sft_step", stop_at_3)
+    with pytest.raises(Interrupt):
+        sft.run(cut)
+    monkeypatch.setattr(sft, "sft_step", real_step)
+    resumed = sft.run(cut)
+    a, _, _ = io.load(whole / "target")
+    b, _, _ = io.load(resumed / "target")
+    for k in a["target"]:
+        assert torch.equal(a["target"][k], b["target"][k]), f"{k} differs after resume"
+    rows = [json.loads(r) for r in (root / "sft-cut" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
+def test_all_stages_chain_and_the_evaluation_reports(root):
+    target = sft.run(_sft(root, "sft", steps=3))
+    tok, cfg, _, _ = ckpt.load_planner(target)
+    assert len(tok) == cfg.target.llm.vocab_size
+    dcfg = _cfg(root, "distill", {"target": str(target), "data": {"dir": str(root / "scenes"), "max_scenes": 4},
+                                  "max_new_tokens": 6, "gen_batch": 4, "run": _run(root, "distill", 2)})
+    drafts = distill.run(dcfg)
+    assert [p.name for p in drafts] == ["draft-flat", "draft-mrope", "draft-flat-standalone"]
+    log = [json.loads(r) for r in (root / "distill" / "flat-s0" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["loss"] < log[0]["loss"] * 1.5 and "acc3" in log[0]
+    acfg = _cfg(root, "aarl", {"target": str(target), "draft": str(drafts[0]), "group": 2, "max_new_tokens": 5,
+                               "data": {"dir": str(root / "scenes"), "max_scenes": 4}, "run": _run(root, "aarl", 2)})
+    post = aarl_stage.run(acfg)
+    rows = [json.loads(r) for r in (root / "aarl" / "log.jsonl").read_text().splitlines()]
+    assert {"reward", "kl", "accepted", "ade"} <= set(rows[0]) and rows[0]["kl"] == pytest.approx(0, abs=1e-6)
+    shipped = ship.run(_cfg(root, "ship", {"sft": str(target), "out": str(root / "shipped"), "drafts": {
+        "flat": str(drafts[0]), "mrope": str(drafts[1]), "flat-standalone": str(drafts[2]), "flat-aarl": str(post)}}))
+    with pytest.raises(ConfigError, match="variant"):
+        ship.run(_cfg(root, "ship", {"sft": str(target), "out": str(root / "bad"), "drafts": {"mrope": str(drafts[0])}}))
+    ecfg = _cfg(root, "eval", {"planner": shipped, "splits": ["test"], "max_new_tokens": 6, "k": 3,
+                               "runtime_scenes": 2,
+                               "data": {"dir": str(root / "scenes"), "max_scenes": 2},
+                               "out": str(root / "metrics.json"), "card": str(root / "CARD.md"),
+                               "sft_run": str(root / "sft"), "distill_run": str(root / "distill"),
+                               "aarl_run": str(root / "aarl")})
+    evaluate.run(ecfg)
+    card = (root / "CARD.md").read_text()
+    assert "| test | draft-flat |" in card and "flat vs mrope" in card and "| 2 |" in card
+    got = json.loads((root / "metrics.json").read_text())["splits"]["test"]
+    assert set(got["drafts"]) == {"draft-flat", "draft-mrope", "draft-flat-standalone", "draft-flat-aarl"}
+    for numbers in got["drafts"].values():
+        assert 1.0 <= numbers["tau"] <= 4.0 and 0.0 <= numbers["attn_vision"] <= 1.0
+    assert got["ade"]["const_vel"] > 0 and 0.0 <= got["commitment_acc"] <= 1.0
+    for name, loop in got["runtime_loop"].items():   # the runtime's own loop agrees with the replay
+        assert loop["same_reasoning"] == 1.0, name
+        assert loop["tau"] == pytest.approx(got["drafts"][name]["tau"]), f"{name}: runtime vs replayed tau"
+        assert loop["tau"] == pytest.approx(loop["replay_tau"])

@@ -1,0 +1,190 @@
+"""AARL: action-aware RL post-training of the distilled flat draft (group-relative, KL anchor).
+
+Per scene: the target prefills the prompt and picks the first CoC token; the draft then writes
+`group` rollouts of the rest of the CoC as its own chain (own hidden as feature after the first
+row, as when it drafts), sampled at `temperature` over text tokens. Each rollout is scored:
+
+    r_action = -ADE(expert trajectory on the target's cache of prompt + rollout, future) / ade_scale
+               - collision_penalty * [that trajectory overlaps a scene agent]
+    r_accept = fraction of rollout tokens equal to the target's greedy choice after the same
+               prefix (one teacher-forced target pass); the leading run of such tokens is the
+               length the target accepts (logged as `accepted`)
+    R = action_weight * r_action + accept_weight * r_accept
+
+Advantages are group-relative, A = (R - mean_group R) / (std_group R + 1e-6); the update is
+on-policy (one step per batch, so the PPO ratio is 1 and needs no clip):
+
+    loss = -mean_g A_g mean_i log q(d_i) + kl_coef * mean_i k3(q, q_ref),
+    k3 = exp(log q_ref - log q) - (log q_ref - log q) - 1   (>= 0, unbiased KL(q || q_ref))
+
+with q_ref the frozen distilled draft (the static reference). Under exact acceptance the
+planner's output stays the target's; the reward moves what the draft proposes.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models.draft import shift_features
+from prompt.config import to_dict
+from prompt.positions import flat_position_ids
+from train import ckpt, data, dist, loop, metrics, reasoning
+from train.config import AARLConfig
+from models.layers import attend
+from train.ttt import _expand, _finish, _qkv
+
+
+@torch.no_grad()
+def prefill(target, ex: data.Example, feature_layers: tuple, banned: torch.Tensor):
+    """Target prefill of one prompt -> (first CoC token (trajectory tokens `banned`), shifted
+    draft features (1, T0+1, 3D), image embeds, T0)."""
+    ids, pos, _, pixels, grid = reasoning.prompt_batch([ex], target.cfg.vision)
+    embeds, deep = target.encode_images(pixels, grid)
+    logits, hid = target(ids, *target.rope(pos), None, 0, embeds, deep, hidden_layers=feature_layers)
+    feats = torch.cat(hid, -1)
+    first = int(logits[0, -1].masked_fill(banned, float("-inf")).argmax())
+    feats = shift_features(torch.cat([feats, torch.zeros_like(feats[:, :1])], 1))
+    return first, feats, embeds, ids.shape[1]
+
+
+def chain(draft, prefix: torch.Tensor, feats, image_embeds, n: int, text: torch.Tensor,
+          temperature: float, tokens: torch.Tensor | None = None, group: int = 1):
+    """Run the draft as it drafts: rows of `prefix` (1, T0+1) in one causal pass with target
+    features, then one row per token with its own previous hidden as feature. Samples `n`
+    tokens per group member (tokens None) or scores the given tokens (G, n).
+    Returns (tokens (G, n), log q of each (G, n))."""
+    T = prefix.shape[1]
+    pos = torch.from_numpy(flat_position_ids(T + n))[None]
+    cos, sin = draft.rope(pos)
+    x = draft.in_proj(torch.cat([draft._embed(prefix, image_embeds), draft._fuse(feats, prefix.shape)], -1))
+    kv = []
+    for layer in draft.layers:
+        q, k, v = _qkv(layer, x, cos[:, :T], sin[:, :T])
+        kv.append([k.expand(group, -1, -1, -1), v.expand(group, -1, -1, -1)])
+        x = _finish(layer, x, attend(q, k, v, causal=True))
+    h = x[:, -1:].expand(group, -1, -1)
+    out, logq = [], []
+    for i in range(n):
+        logits = draft.lm_head(draft.norm(h))[:, 0].float().masked_fill(~text, float("-inf"))
+        lp = F.log_softmax(logits / temperature, -1)
+        tok = torch.multinomial(lp.exp(), 1)[:, 0] if tokens is None else tokens[:, i]
+        out.append(tok)
+        logq.append(lp.gather(1, tok[:, None])[:, 0])
+        if i == n - 1:
+            break
+        x = draft.in_proj(torch.cat([draft.embed_tokens(tok)[:, None], h], -1))
+        r = slice(T + i, T + i + 1)
+        for li, layer in enumerate(draft.layers):
+            q, k, v = _qkv(layer, x, cos[:, r].expand(group, -1, -1), sin[:, r].expand(group, -1, -1))
+            kv[li] = [torch.cat([kv[li][0], k], 2), torch.cat([kv[li][1], v], 2)]
+            x = _finish(layer, x, _attend_all(q, *kv[li]))
+        h = x
+    return torch.stack(out, 1), torch.stack(logq, 1)
+
+
+def _attend_all(q, k, v):
+    H = q.shape[1]
+    p = torch.softmax(q @ _expand(k, H).transpose(-1, -2) / q.shape[-1] ** 0.5, -1)
+    return (p @ _expand(v, H)).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def valid_mask(tokens: torch.Tensor, cot_end: int) -> torch.Tensor:
+    """(G, n) True up to and including the first <|cot_end|> of each rollout."""
+    ended = (tokens == cot_end).long().cumsum(1)
+    return (ended == 0) | ((ended == 1) & (tokens == cot_end))
+
+
+@torch.no_grad()
+def rewards(target, expert, ex, scene, first: int, tokens, valid, tok, cfg: AARLConfig) -> dict:
+    """Score each rollout: action (ADE, collision) and the target's agreement."""
+    out = {"r": [], "ade": [], "collision": [], "agree": [], "accepted": []}
+    for g in range(tokens.shape[0]):
+        coc = [first] + tokens[g][valid[g]].tolist()
+        if coc[-1] != tok.cot_end:
+            coc.append(tok.cot_end)
+        e = reasoning.with_reasoning(ex, np.array(coc), tok)
+        b = data.collate([e], tok.pad, target.cfg.vision)
+        embeds, deep = target.encode_images(b.pixels, b.grid_thw)
+        cache = target.new_cache(1, len(e.ids))
+        logits, _ = target(b.ids, *target.rope(b.positions), cache, 0, embeds, deep)
+        banned = torch.from_numpy(tok.traj_mask())
+        greedy = logits[0, e.reasoning_start:len(e.ids) - 1].masked_fill(banned, float("-inf")).argmax(-1)
+        match = (greedy == b.ids[0, e.reasoning_start + 1:]).float()
+        gen = torch.Generator().manual_seed(int(ex.index))
+        wp, _ = expert.sample(cache, len(e.ids), torch.tensor([ex.v0]), rope_delta=ex.rope_delta, generator=gen)
+        ade = metrics.ade(wp[0].numpy(), ex.future)
+        hit = metrics.collides(wp[0].numpy(), scene)
+        agree = float(match.mean()) if len(match) else 1.0
+        r = cfg.action_weight * (-ade / cfg.ade_scale - cfg.collision_penalty * hit) + cfg.accept_weight * agree
+        for key, val in (("r", r), ("ade", ade), ("collision", float(hit)), ("agree", agree),
+                         ("accepted", float(torch.cumprod(match, 0).sum()))):
+            out[key].append(val)
+    return {k: torch.tensor(v) for k, v in out.items()}
+
+
+def aarl_step(policy, ref, target, expert, items, tok, cfg: AARLConfig, step: int):
+    """items: [(Example, Scene)] of this step -> (loss, logs)."""
+    text = torch.from_numpy(tok.text_mask())
+    losses, logs = [], {}
+    for ex, scene in items:
+        torch.manual_seed(cfg.run.seed * 100_003 + step * 1009 + int(ex.index))
+        first, feats, embeds, T0 = prefill(target, ex, tuple(policy.cfg.feature_layers),
+                                           torch.from_numpy(tok.traj_mask()))
+        prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
+        with torch.no_grad():
+            tokens, _ = chain(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature,
+                              group=cfg.group)
+            _, ref_lp = chain(ref, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
+        valid = valid_mask(tokens, tok.cot_end)
+        _, lp = chain(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
+        sc = rewards(target, expert, ex, scene, first, tokens, valid, tok, cfg)
+        adv = (sc["r"] - sc["r"].mean()) / (sc["r"].std() + 1e-6)
+        m = valid.float()
+        pg = -(adv * (lp * m).sum(1) / m.sum(1)).mean()
+        d = ref_lp - lp
+        kl = ((d.exp() - d - 1) * m).sum(1) / m.sum(1)
+        losses.append(pg + cfg.kl_coef * kl.mean())
+        for key, val in {"reward": sc["r"].mean(), "ade": sc["ade"].mean(), "collision": sc["collision"].mean(),
+                         "agree": sc["agree"].mean(), "accepted": sc["accepted"].mean(), "kl": kl.mean(),
+                         "length": m.sum(1).mean()}.items():
+            logs[key] = logs.get(key, 0.0) + float(torch.as_tensor(val).detach()) / len(items)
+    return torch.stack(losses).mean(), logs
+
+
+def run(cfg: AARLConfig) -> Path:
+    from scenes import dataset
+    from train.sft import load_examples
+
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    world = dist.init()
+    tok, model_cfg, target, expert = ckpt.load_planner(cfg.target)
+    for p in [*target.parameters(), *expert.parameters()]:
+        p.requires_grad_(False)
+    policy, meta = ckpt.load_draft(cfg.draft, target)
+    if meta.get("variant") != "flat":
+        raise ValueError(f"{cfg.draft}: AARL post-trains the 'flat' draft, this is {meta.get('variant')!r}")
+    ref = copy.deepcopy(policy).eval()
+    ref._shared = policy._shared
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    policy.train()
+    examples = load_examples(cfg.data, tok, model_cfg.target.vision)
+    scenes = dataset.load(cfg.data.dir, cfg.data.split)
+    out = Path(cfg.run.out)
+
+    def step_fn(step):
+        idx = data.batch_indices(len(examples), cfg.run.batch_size, step, cfg.run.seed, world.rank, world.size)
+        return aarl_step(policy, ref, target, expert, [(examples[i], scenes[int(examples[i].index)]) for i in idx],
+                         tok, cfg, step)
+
+    def on_checkpoint(step):
+        ckpt.save_draft(out / "ckpt", "flat-aarl", model_cfg, policy,
+                        {"stage": "aarl", "step": step, "init": cfg.draft, "target": cfg.target})
+
+    loop.fit(cfg.run, {"draft": policy}, step_fn, world, on_checkpoint, {"config": to_dict(cfg)})
+    return out / "ckpt" / "draft-flat-aarl"

@@ -1,0 +1,137 @@
+"""Checked configs of the three training stages; `configs/train/*.yaml` load into these.
+
+    SFTConfig      target SFT: CoC + future-token next-token loss, action expert flow matching
+    DistillConfig  routine-reasoner distillation from the target's own greedy reasoning
+    AARLConfig     action-aware RL of the distilled flat draft (group-relative, KL anchor)
+
+Every stage shares `RunConfig` (steps, batch, optimiser, checkpoint cadence, threads, seed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prompt.config import ConfigError, check_choice, check_range, load_yaml
+
+STAGES = ("sft", "distill", "aarl")
+DRAFTS = ("flat", "mrope", "flat-standalone", "flat-aarl")
+
+
+@dataclass
+class RunConfig:
+    """Optimiser and bookkeeping shared by all stages."""
+    out: str = "runs/sft-tiny"     # run folder: checkpoints, state, log.jsonl
+    steps: int = 1000
+    batch_size: int = 8            # per process; torchrun splits nothing, each rank reads its shard
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1      # cosine decay to lr * min_lr_ratio
+    warmup: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    threads: int = 0               # torch.set_num_threads in this run; 0 = leave torch's default
+    ckpt_every_s: float = 180.0    # wall-clock seconds between resumable checkpoints
+    log_every: int = 10
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size"):
+            check_range(f"run.{name}", getattr(self, name), lo=1)
+        for name in ("warmup", "threads", "log_every", "seed"):
+            check_range(f"run.{name}", getattr(self, name), lo=0)
+        check_range("run.lr", self.lr, lo=0.0)
+        check_range("run.min_lr_ratio", self.min_lr_ratio, lo=0.0, hi=1.0)
+        check_range("run.weight_decay", self.weight_decay, lo=0.0)
+        check_range("run.grad_clip", self.grad_clip, lo=0.0)
+        check_range("run.ckpt_every_s", self.ckpt_every_s, lo=0.0)
+        if not self.out:
+            raise ConfigError("run.out must name a run folder, got ''")
+
+
+@dataclass
+class DataConfig:
+    """Which scenes a stage reads: a `specdrive scenes generate` folder and split."""
+    dir: str = "data/scenes"
+    split: str = "train"
+    max_scenes: int = 0            # 0 = all scenes of the split
+
+    def __post_init__(self):
+        check_choice("data.split", self.split, ("train", "val", "test", "heldout", "unseen"))
+        check_range("data.max_scenes", self.max_scenes, lo=0)
+
+
+@dataclass
+class SFTConfig:
+    preset: str = "tiny"           # configs/models/NAME.yaml or a path
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    coc_weight: float = 1.0        # next-token loss on the CoC words and <|cot_end|>
+    commitment_weight: float = 1.0  # inside the CoC loss: weight of commitment words (routine: 1)
+    future_weight: float = 0.5     # next-token loss on the 128 future tokens (token-output mode)
+    expert_weight: float = 1.0     # flow-matching loss of the action expert
+    expert_cuts: int = 1           # extra expert losses per scene on a cache cut inside the CoC
+    expert_grad_to_target: bool = False  # False: the expert reads a detached cache (knowledge insulation)
+
+    def __post_init__(self):
+        for name in ("coc_weight", "commitment_weight", "future_weight", "expert_weight"):
+            check_range(name, getattr(self, name), lo=0.0)
+        check_range("expert_cuts", self.expert_cuts, lo=0, hi=8)
+
+
+@dataclass
+class DistillConfig:
+    target: str = "checkpoints/tiny/target"   # SFT checkpoint folder (models.io)
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/distill-tiny"))
+    drafts: tuple[str, ...] = ("flat", "mrope", "flat-standalone")
+    seeds: tuple[int, ...] = (0,)
+    max_new_tokens: int = 48       # greedy reasoning budget when caching the target's CoC
+    gen_batch: int = 16            # scenes per batched greedy generation
+    kl_weight: float = 1.0         # KL(target || draft) over the next-token distribution
+    feature_weight: float = 0.1    # EAGLE-style smooth-L1 to the target's top hidden (fused drafts)
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if not self.drafts:
+            raise ConfigError(f"drafts must name at least one of {list(DRAFTS[:3])}")
+        for d in self.drafts:
+            check_choice("drafts[]", d, DRAFTS[:3])
+        if not self.seeds:
+            raise ConfigError("seeds must hold at least one seed")
+        check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
+        check_range("gen_batch", self.gen_batch, lo=1)
+        for name in ("kl_weight", "feature_weight"):
+            check_range(name, getattr(self, name), lo=0.0)
+        check_range("temperature", self.temperature, lo=1e-3)
+
+
+@dataclass
+class AARLConfig:
+    target: str = "checkpoints/tiny/target"
+    draft: str = "checkpoints/tiny/draft-flat"   # the distilled flat draft (also the frozen reference)
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/aarl-tiny", lr=2e-5))
+    group: int = 4                 # rollouts per scene (group-relative advantages)
+    max_new_tokens: int = 48
+    temperature: float = 1.0       # rollout sampling temperature of the draft
+    action_weight: float = 1.0     # reward: -(ADE / ade_scale) - collision penalty
+    accept_weight: float = 1.0     # reward: fraction of rollout tokens the target would choose
+    ade_scale: float = 2.0         # metres that cost one unit of reward
+    collision_penalty: float = 1.0
+    kl_coef: float = 0.05          # beta of the KL to the frozen distilled draft (on-policy: no clip)
+
+    def __post_init__(self):
+        check_range("group", self.group, lo=2)
+        check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
+        check_range("temperature", self.temperature, lo=1e-3)
+        for name in ("action_weight", "accept_weight", "ade_scale", "collision_penalty", "kl_coef"):
+            check_range(name, getattr(self, name), lo=0.0)
+
+
+def load(stage: str, path):
+    """Read `path` (YAML) as the config of `stage` (one of STAGES, "ship" or "eval")."""
+    from train.evaluate import EvalConfig
+    from train.ship import ShipConfig
+
+    configs = {"sft": SFTConfig, "distill": DistillConfig, "aarl": AARLConfig, "ship": ShipConfig,
+               "eval": EvalConfig}
+    check_choice("stage", stage, configs)
+    return load_yaml(configs[stage], path)

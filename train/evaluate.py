@@ -1,0 +1,231 @@
+"""`specdrive train eval`: the MODEL_CARD numbers of a trained planner folder, per split.
+
+Per scene the target writes its greedy CoC (batched, trajectory tokens masked); then one
+teacher-forced target pass over prompt + CoC gives the KV cache the action expert reads and
+the features the drafts read.
+
+    target   commitment accuracy (cause and decision), ADE of the expert's trajectory after
+             the full CoC, after a cut half-way through it and from the prefill alone
+             (the fallback), and of a constant-velocity extrapolation
+    drafts   greedy tau at k (tokens per target forward, bonus included) of the exact greedy
+             speculative loop, replayed from the draft's chain predictions (train.ttt, which
+             equals the draft's cached chain), split by routine / commitment steps; and the
+             draft's attention mass on history vs vision keys at the reasoning rows
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from prompt.config import check_range
+from train import ckpt, data, metrics, reasoning
+from train.card import write_card
+from train.config import DataConfig
+from train.distill import Teacher, build_teachers, draft_inputs
+from train.ttt import _expand, _finish, _qkv, chain_forward
+
+
+@dataclass
+class EvalConfig:
+    planner: str = "checkpoints/tiny"
+    # draft folders: names inside `planner`, or paths (other seeds' drafts); missing ones are skipped
+    drafts: tuple[str, ...] = ("draft-flat", "draft-mrope", "draft-flat-standalone", "draft-flat-aarl")
+    data: DataConfig = field(default_factory=lambda: DataConfig(split="test", max_scenes=100))
+    splits: tuple[str, ...] = ("test", "heldout", "unseen")
+    k: int = 8
+    max_new_tokens: int = 64
+    batch: int = 16
+    threads: int = 0
+    out: str = "runs/eval-tiny/metrics.json"
+    runtime_scenes: int = 0        # test scenes also run through runtime.Planner (torch backend)
+    notes: tuple[str, ...] = ()    # facts about the runs the numbers cannot show (written into the card)
+    card: str = ""                 # MODEL_CARD.md to write from the metrics and the run logs ("" = none)
+    sft_run: str = "runs/sft-tiny"
+    distill_run: str = "runs/distill-tiny"
+    aarl_run: str = "runs/aarl-tiny"
+
+    def __post_init__(self):
+        check_range("k", self.k, lo=1, hi=16)
+        check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
+        check_range("batch", self.batch, lo=1)
+        for s in self.splits:
+            DataConfig(split=s)
+
+
+@torch.no_grad()
+def expert_ades(expert, target, teachers: list[Teacher], examples) -> dict:
+    """ADE of the expert after the full CoC, after CoC[:half] + a forced <|cot_end|> (a budget
+    cut, as the runtime closes it), after the prefill only (the fallback); constant velocity."""
+    out = {"full": [], "half": [], "prefill": [], "const_vel": []}
+    for t, e in zip(teachers, examples):
+        ids = torch.from_numpy(t.ids)[None]
+        cache = target.new_cache(1, len(t.ids))
+        target(ids, *target.rope(torch.from_numpy(t.positions)[:, None]), cache, 0, *_vision(target, e))
+        half = t.first + (t.cot_end - t.first) // 2
+        for name, n in (("full", t.cot_end + 1), ("prefill", t.first), ("half", half + 1)):
+            if name == "half":    # a budget cut: the runtime forces <|cot_end|> after CoC[:half]
+                pos = torch.full((1, 1), half + e.rope_delta)
+                target(torch.tensor([[tok_cot_end(t)]]), *target.rope(pos), cache, half)
+            g = torch.Generator().manual_seed(int(e.index))
+            wp, _ = expert.sample(cache, n, torch.tensor([e.v0]), rope_delta=e.rope_delta, generator=g)
+            out[name].append(metrics.ade(wp[0].numpy(), e.future))
+        out["const_vel"].append(metrics.ade(metrics.constant_velocity(e.v0), e.future))
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def tok_cot_end(t: Teacher) -> int:
+    """The <|cot_end|> id: the last token of the teacher's CoC."""
+    return int(t.ids[t.cot_end])
+
+
+def _vision(target, e):
+    """(image embeds, deepstack) of one example, fp32 from the vision tower."""
+    v = target.cfg.vision
+    pixels, grid = data.patchify(e.images, v.patch, v.temporal_patch, v.merge)
+    return target.encode_images(torch.from_numpy(pixels), torch.from_numpy(grid))
+
+
+@torch.no_grad()
+def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: list[int]) -> dict:
+    """Greedy tau (all, routine, commitment) and attention mass on history / vision keys."""
+    text = torch.from_numpy(tok.text_mask())
+    tot = {"all": [0, 0], "routine": [0, 0], "commitment": [0, 0]}
+    mass = {"history": [], "vision": []}
+    for b0 in range(0, len(teachers), 8):
+        chunk = teachers[b0:b0 + 8]
+        ids, cos, sin, features, image_embeds = draft_inputs(chunk, draft, tok.pad)
+        first = chunk[0].first
+        passes = chain_forward(draft, ids, cos, sin, features, image_embeds, first, k)
+        for b, t in enumerate(chunk):
+            acc = np.zeros((k, ids.shape[1] + k), bool)
+            for p in range(k):          # a standalone draft has one pass: every chain step reads it
+                logits, _, rows = passes[min(p, len(passes) - 1)]
+                pred = logits[b].masked_fill(~text, float("-inf")).argmax(-1)
+                nxt = ids[b, rows[0] + 1:].tolist() + [-1]
+                acc[p, rows[0] - p:rows[0] - p + len(rows)] = pred.numpy() == np.array(nxt[:len(rows)])
+            n, f, parts = metrics.greedy_tau(acc, t.first, t.cot_end, k, routine_ends[b0 + b])
+            tot["all"][0] += n
+            tot["all"][1] += f
+            for name, (pn, pf) in parts.items():
+                tot[name][0] += pn
+                tot[name][1] += pf
+        h, v = attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok)
+        mass["history"] += h
+        mass["vision"] += v
+    out = {f"tau_{name}" if name != "all" else "tau": n / max(f, 1) for name, (n, f) in tot.items()}
+    out.update({f"attn_{name}": float(np.mean(v)) for name, v in mass.items()})
+    return out
+
+
+def attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok):
+    """Per scene: attention probability (mean over layers, heads and reasoning rows) on the
+    history-token keys and on the vision-token keys (pass 0: the draft's causal forward)."""
+    x = draft._embed(ids, image_embeds)
+    if draft.cfg.features == "fused":
+        x = draft.in_proj(torch.cat([x, draft._fuse(features, ids.shape)], -1))
+    hist = ((ids >= tok.hist_ids.start) & (ids < tok.hist_ids.stop)).float()
+    vis = (ids == tok.image_pad).float()
+    B, T = ids.shape
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h_mass, v_mass = [], []
+    for layer in draft.layers:
+        q, k, v = _qkv(layer, x, cos, sin)
+        k, v = _expand(k, q.shape[1]), _expand(v, q.shape[1])
+        scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~causal, float("-inf"))
+        p = torch.softmax(scores, -1)                                   # (B, H, T, T)
+        h_mass.append((p * hist[:, None, None]).sum(-1).mean(1))        # (B, T)
+        v_mass.append((p * vis[:, None, None]).sum(-1).mean(1))
+        x = _finish(layer, x, (p @ v).transpose(1, 2).reshape(B, T, -1))
+    H, V = torch.stack(h_mass).mean(0), torch.stack(v_mass).mean(0)
+    return ([float(H[b, t.first:t.cot_end].mean()) for b, t in enumerate(chunk)],
+            [float(V[b, t.first:t.cot_end].mean()) for b, t in enumerate(chunk)])
+
+
+@torch.no_grad()
+def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict) -> dict:
+    from scenes import dataset
+    from train.sft import load_examples
+
+    data_cfg = DataConfig(dir=cfg.data.dir, split=split, max_scenes=cfg.data.max_scenes)
+    exs = load_examples(data_cfg, tok, model_cfg.target.vision)
+    scenes = dataset.load(cfg.data.dir, split)
+    toks, lens = [], []
+    for s in range(0, len(exs), cfg.batch):
+        t, n = reasoning.greedy_reasoning(target, exs[s:s + cfg.batch], tok, cfg.max_new_tokens)
+        toks += [t[i, :n[i]].numpy() for i in range(len(n))]
+    words = [tok.decode(t[t != tok.cot_end]).split() for t in toks]
+    right = [metrics.commitment_correct(w, scenes[e.index]) for w, e in zip(words, exs)]
+    with_r = [reasoning.with_reasoning(e, t, tok) for e, t in zip(exs, toks)]
+    teachers = build_teachers(target, with_r, tuple(model_cfg.draft.feature_layers), cfg.batch)
+    out = {"scenes": len(exs),
+           "cause_acc": float(np.mean([c for c, _ in right])),
+           "decision_acc": float(np.mean([d for _, d in right])),
+           "commitment_acc": float(np.mean([c and d for c, d in right])),
+           "coc_tokens": float(np.mean([len(t) for t in toks])),
+           "ended": float(np.mean([tok.cot_end in t for t in toks]))}
+    out["ade"] = expert_ades(expert, target, teachers, exs)
+    routine_ends = [t.first + metrics.routine_length(w) for t, w in zip(teachers, words)]
+    out["drafts"] = {name: draft_numbers(d, teachers, tok, cfg.k, routine_ends) for name, d in drafts.items()}
+    if split == "test" and cfg.runtime_scenes:
+        shipped = [n for n in drafts if (Path(cfg.planner) / n).exists()]
+        out["runtime_loop"] = runtime_check(cfg, tok, shipped, toks)
+        n = min(cfg.runtime_scenes, len(teachers))
+        for name in shipped:     # the replay on the same scenes, for a like-for-like comparison
+            out["runtime_loop"][name]["replay_tau"] = draft_numbers(
+                drafts[name], teachers[:n], tok, cfg.k, routine_ends[:n])["tau"]
+    return out
+
+
+def runtime_check(cfg: EvalConfig, tok, drafts: list[str], reasoning_ids: list) -> dict:
+    """tau of the runtime's own loop (runtime.Planner, torch backend, greedy, fixed k) on the
+    first test scenes, and whether its reasoning equals the batched greedy reasoning."""
+    from runtime.backend import load_backend
+    from runtime.config import PlannerConfig, SpecConfig
+    from runtime.planner import Planner
+    from scenes import dataset
+
+    scenes = dataset.load(cfg.data.dir, "test")
+    planner_dir, out = Path(cfg.planner), {}
+    for name in drafts:
+        be = load_backend("torch", tokenizer=tok, checkpoints={"target": planner_dir / "target",
+                          "expert": planner_dir / "expert", "draft": _draft_path(cfg.planner, name)})
+        spec = SpecConfig(k=cfg.k, k_max=cfg.k, adaptive=False)
+        planner = Planner(be, tok, PlannerConfig(spec=spec, fallback_worker=False,
+                                                 max_reasoning_tokens=cfg.max_new_tokens))
+        emitted = steps = same = 0
+        for i in range(min(cfg.runtime_scenes, len(reasoning_ids))):
+            res = planner.plan(scenes[i].images, scenes[i].history)
+            emitted, steps = emitted + res.decode["emitted"], steps + res.decode["steps"]
+            mine = [int(x) for x in reasoning_ids[i]]
+            same += [int(x) for x in res.reasoning_ids] == (mine[:-1] if mine[-1] == tok.cot_end else mine)
+        out[name] = {"tau": emitted / max(steps, 1), "same_reasoning": same / max(cfg.runtime_scenes, 1)}
+        planner.close()
+    return out
+
+
+def _draft_path(planner: str, name: str) -> Path:
+    """A draft folder name inside the planner folder, or any other path (e.g. another seed's)."""
+    inside = Path(planner) / name
+    return inside if inside.exists() else Path(name)
+
+
+def run(cfg: EvalConfig) -> str:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    tok, model_cfg, target, expert = ckpt.load_planner(cfg.planner)
+    drafts = {name: ckpt.load_draft(_draft_path(cfg.planner, name), target)[0] for name in cfg.drafts
+              if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
+    results = {"planner": cfg.planner, "k": cfg.k, "splits": {}}
+    for split in cfg.splits:
+        results["splits"][split] = evaluate_split(cfg, split, tok, model_cfg, target, expert, drafts)
+        print(split, json.dumps(results["splits"][split]), flush=True)
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(cfg.out).write_text(json.dumps(results, indent=1) + "\n")
+    if cfg.card:
+        write_card(cfg.out, cfg.card, {"sft": cfg.sft_run, "distill": cfg.distill_run, "aarl": cfg.aarl_run},
+                   cfg.notes)
+    return cfg.out

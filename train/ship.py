@@ -1,0 +1,57 @@
+"""`specdrive train ship`: assemble checkpoints/tiny from the run folders (copies, hash-checked).
+
+    OUT/tokenizer.json, OUT/target, OUT/expert      from the SFT checkpoint folder
+    OUT/draft-<variant>                               from each distillation / AARL checkpoint
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models import io
+from prompt.config import ConfigError
+from train.ckpt import VARIANTS
+
+
+@dataclass
+class ShipConfig:
+    sft: str = "runs/sft-tiny/ckpt"
+    drafts: dict = field(default_factory=lambda: {
+        "flat": "runs/distill-tiny/flat-s0/ckpt/draft-flat",
+        "mrope": "runs/distill-tiny/mrope-s0/ckpt/draft-mrope",
+        "flat-standalone": "runs/distill-tiny/flat-standalone-s0/ckpt/draft-flat-standalone",
+        "flat-aarl": "runs/aarl-tiny/ckpt/draft-flat-aarl"})
+    out: str = "checkpoints/tiny"
+
+    def __post_init__(self):
+        bad = sorted(set(self.drafts) - set(VARIANTS))
+        if bad:
+            raise ConfigError(f"drafts: unknown variant(s) {bad}; allowed {sorted(VARIANTS)}")
+
+
+def _copy(src: Path, dst: Path) -> None:
+    io.load(src)                       # refuses a folder that does not match its meta.json
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+
+
+def run(cfg: ShipConfig) -> str:
+    sft, out = Path(cfg.sft), Path(cfg.out)
+    if not (sft / "tokenizer.json").is_file():
+        raise ConfigError(f"sft={str(sft)!r} is not an SFT checkpoint folder (no tokenizer.json); "
+                          "run `specdrive train sft` first")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(sft / "tokenizer.json", out / "tokenizer.json")
+    for name in ("target", "expert"):
+        _copy(sft / name, out / name)
+    for variant, src in cfg.drafts.items():
+        src = Path(src)
+        if not (src / "meta.json").is_file():
+            print(f"ship: skipping draft {variant!r}: {src} does not exist")
+            continue
+        meta = io.read_meta(src)
+        if meta.get("variant") != variant:
+            raise ConfigError(f"{src}: meta.json variant is {meta.get('variant')!r}, not {variant!r}")
+        _copy(src, out / f"draft-{variant}")
+    return str(out)
