@@ -49,7 +49,8 @@ scenes: $(STAMP)
 
 # Reproduce checkpoints/tiny from scratch (data, SFT, distillation, AARL, ship, model card).
 train: $(STAMP)
-	$(PY) -m tools.cli scenes generate --out data/scenes --n 3000 --seed 0 --workers 2
+	$(PY) -m tools.cli scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
+	$(PY) -m tools.cli train vision --config configs/train/vision.yaml
 	$(PY) -m tools.cli train sft --config configs/train/sft.yaml
 	$(PY) -m tools.cli train distill --config configs/train/distill.yaml
 	$(PY) -m tools.cli train distill --config configs/train/distill-standalone.yaml

@@ -195,14 +195,20 @@ class ActionExpert(nn.Module):
     @torch.no_grad()
     def sample(self, target_cache: torch.Tensor, cache_len, v0: torch.Tensor,
                steps: int | None = None, *, rope_delta=0, noise: torch.Tensor | None = None,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               generator: torch.Generator | None = None, samples: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Euler-integrate the flow from noise: returns (waypoints (B, W, 3) x, y, heading in the
         ego frame at t0, actions (B, W, A) physical). v0 (B,) m/s; B = len(v0).
 
         noise (B, W, A) gives the starting point explicitly; otherwise it is drawn from
         `generator` (same seed -> same trajectory).
+
+        samples > 1 integrates that many draws per scene as one batch and returns the mean of
+        their actions (and the waypoints of that mean): an estimate of the conditional mean,
+        which is what displacement error rewards. One draw is one sample of the distribution.
         """
         v0 = torch.as_tensor(v0, dtype=torch.float32, device=self.action_std.device).reshape(-1)
+        if samples > 1:
+            return self._sample_mean(target_cache, cache_len, v0, steps, rope_delta, noise, generator, samples)
         B, steps = v0.shape[0], steps or self.cfg.euler_steps
         shape = (B, self.cfg.n_waypoints, self.cfg.action_dim)
         x = torch.randn(shape, generator=generator, device=v0.device) if noise is None else noise.float()
@@ -213,6 +219,21 @@ class ActionExpert(nn.Module):
             x = x + self.velocity(x, t, target_cache, cache_len, cos, sin).float() / steps
         actions = self.denormalize(x)
         return actions_to_waypoints(actions, v0), actions
+
+    def _sample_mean(self, cache, cache_len, v0, steps, rope_delta, noise, generator, samples: int):
+        """`samples` draws per scene (scene-major: rows b*S .. b*S+S-1), averaged in action space."""
+        if noise is not None:
+            raise ValueError("noise fixes one draw per scene; it cannot be combined with samples > 1")
+        B, S = v0.shape[0], samples
+
+        def per_draw(x):   # a (B,) tensor of cache lengths / rope deltas -> (B*S,); ints stay
+            return x.repeat_interleave(S) if torch.is_tensor(x) and x.numel() > 1 else x
+        if cache.shape[2] > 1:
+            cache = cache.repeat_interleave(S, dim=2)
+        _, actions = self.sample(cache, per_draw(cache_len), v0.repeat_interleave(S), steps,
+                                 rope_delta=per_draw(rope_delta), generator=generator)
+        mean = actions.view(B, S, *actions.shape[1:]).mean(1)
+        return actions_to_waypoints(mean, v0), mean
 
     def _check_actions(self, x: torch.Tensor) -> None:
         want = (self.cfg.n_waypoints, self.cfg.action_dim)

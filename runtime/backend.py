@@ -91,8 +91,9 @@ class Backend(abc.ABC):
         """One target pass over `tokens` at target row `start` -> readout per token."""
 
     @abc.abstractmethod
-    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int) -> np.ndarray:
-        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32.
+    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int, samples: int = 1) -> np.ndarray:
+        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32;
+        samples > 1: the mean (in action space) of that many draws, integrated as one batch.
         Thread-safe against draft/verify calls that write rows >= start+len (the fallback
         trajectory runs in a worker beside the reasoning)."""
 

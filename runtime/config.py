@@ -97,6 +97,8 @@ class PlannerConfig:
     max_reasoning_tokens: int = 64   # CoC tokens after <|cot_start|> (Alpamayo-R1 allows 256)
     trajectory: str = "expert"       # expert: action expert on the KV cache; tokens: 128 tokens
     fallback_worker: bool = True     # prefill trajectory in a worker thread beside the reasoning
+    trajectory_samples: int = 1      # expert draws averaged (in action space) per trajectory: the
+                                     # conditional mean, lower displacement error; 1 = one draw
     cameras: tuple[str, ...] = CAMERAS
     image_hw: tuple[int, ...] = (64, 96)
     frames: int = 2
@@ -104,6 +106,7 @@ class PlannerConfig:
     def __post_init__(self):
         check_range("max_reasoning_tokens", self.max_reasoning_tokens, lo=1, hi=4096)
         check_choice("trajectory", self.trajectory, TRAJECTORY_SOURCES)
+        check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         if not self.cameras or len(set(self.cameras)) != len(self.cameras):
             raise ConfigError(f"cameras={list(self.cameras)!r} must be a non-empty list of distinct names")
         if len(self.image_hw) != 2 or min(self.image_hw) < 1:

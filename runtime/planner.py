@@ -177,10 +177,10 @@ class _Cycle:
         args = (np.zeros(0, np.int64), self.prompt_len, self.v0, self.seed)
         try:
             if self.p.executor is not None:
-                self.fallback = self.p.executor.submit(self.be.action, *args)
+                self.fallback = self.p.executor.submit(self.be.action, *args, samples=self.cfg.trajectory_samples)
             else:
                 with self.budget.stage("fallback"):
-                    self.fallback = self.be.action(*args)
+                    self.fallback = self.be.action(*args, samples=self.cfg.trajectory_samples)
         except Exception as e:
             self.res.flags.append("fallback_failed")
             self.res.notes.append(f"fallback: {e!r}")
@@ -231,7 +231,7 @@ class _Cycle:
         reasoning text alone, so speculative and plain decoding deliver the same waypoints."""
         if self.cfg.trajectory == "expert":
             coc = np.asarray(state.seq[self.prompt_len:], np.int64)
-            return self.be.action(coc, self.prompt_len, self.v0, self.seed)
+            return self.be.action(coc, self.prompt_len, self.v0, self.seed, samples=self.cfg.trajectory_samples)
         state.force([self.tok.traj_future_start])
         xy = np.zeros((2, len(self.tok)), bool)                        # x bin, y bin, x bin, ...
         xy[0, self.tok.fut_x_ids.start:self.tok.fut_x_ids.stop] = True

@@ -172,6 +172,26 @@ def test_batched_scenes_of_different_lengths(expert, cfg):
     assert abs(float(loss) - float(torch.stack(losses).mean())) < 1e-5
 
 
+def test_mean_of_samples_averages_the_draws_in_action_space(expert, cfg):
+    """samples=S: S draws per scene from one noise stream (scene-major), their actions averaged;
+    equals drawing the same noise explicitly and averaging by hand, for a shared or per-scene cache."""
+    S, v0 = 4, torch.tensor([3.0, 9.0])
+    lens, deltas = torch.tensor([CACHE_LEN, 17]), torch.tensor([-5, 0])
+    for cache in (target_cache(cfg), target_cache(cfg, batch=2)):
+        wp, mean = expert.sample(cache, lens, v0, steps=3, rope_delta=deltas, samples=S,
+                                 generator=torch.Generator().manual_seed(3))
+        noise = torch.randn(2 * S, 64, 2, generator=torch.Generator().manual_seed(3))
+        big = cache if cache.shape[2] == 1 else cache.repeat_interleave(S, dim=2)
+        _, acts = expert.sample(big, lens.repeat_interleave(S), v0.repeat_interleave(S), steps=3,
+                                rope_delta=deltas.repeat_interleave(S), noise=noise)
+        by_hand = acts.view(2, S, 64, 2).mean(1)
+        assert torch.allclose(mean, by_hand, atol=1e-6)
+        assert torch.allclose(wp, actions_to_waypoints(by_hand, v0), atol=1e-5)
+        assert acts.view(2, S, 64, 2).std(1).max() > 1e-3      # the draws really differ
+    with pytest.raises(ValueError, match="samples > 1"):
+        expert.sample(target_cache(cfg), CACHE_LEN, v0, samples=2, noise=torch.zeros(2, 64, 2))
+
+
 def test_euler_steps_and_normalisation(expert, cfg):
     cache, noise = target_cache(cfg), torch.randn(1, 64, 2, generator=torch.Generator().manual_seed(6))
     _, a10 = expert.sample(cache, CACHE_LEN, [4.0], noise=noise)

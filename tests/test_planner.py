@@ -90,8 +90,8 @@ class Faulty(TableBackend):
         if op == self.fail_op and self.calls[op] == self.fail_at:
             raise RuntimeError(f"injected {op} failure")
 
-    def action(self, tokens, start, v0, seed):
-        traj = super().action(tokens, start, v0, seed)
+    def action(self, tokens, start, v0, seed, samples=1):
+        traj = super().action(tokens, start, v0, seed, samples)
         return traj * np.nan if (self.final_nan and len(tokens)) else traj
 
 

@@ -96,3 +96,18 @@ def test_the_final_expert_depends_on_the_text_not_on_how_its_rows_were_written(s
     be.cache[:, :, :, :, len(prompt):len(prompt) + 4] += 1e-3      # rows as another decode wrote them
     assert np.abs(be.action(np.zeros(0, np.int64), len(prompt) + 4, 8.0, seed=7) - clean).max() > 0
     np.testing.assert_array_equal(be.action(coc, len(prompt), 8.0, seed=7), clean)
+
+
+def test_the_mean_of_several_expert_draws_is_the_experts_own_mean(saved):
+    """action(samples=S) returns the waypoints of ActionExpert.sample(samples=S) on the same
+    cache and seed (one batch of S draws averaged in action space), and it differs from one draw."""
+    root, (_, expert, _) = saved
+    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    prompt = np.arange(20, 50)
+    generate(be, prompt, GreedyRule(), FixedK(0), max_new=1)
+    one = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7)
+    four = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7, samples=4)
+    want, _ = expert.sample(be.cache, len(prompt), torch.tensor([8.0]), rope_delta=be.delta,
+                            generator=torch.Generator().manual_seed(7), samples=4)
+    np.testing.assert_allclose(four, want[0].numpy(), rtol=1e-5, atol=1e-5)
+    assert np.abs(four - one).max() > 1e-4

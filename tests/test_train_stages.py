@@ -1,5 +1,5 @@
 """Every stage end to end on a handful of scenes with the micro preset, as `make train` chains
-them: SFT (resumable: an interrupted run ends where an uninterrupted one does), distillation of
+them: vision pretraining, SFT from the pretrained tower, (resumable: an interrupted run ends where an uninterrupted one does), distillation of
 the three drafts, AARL, and the evaluation that prints the model card's numbers."""
 import json
 
@@ -9,7 +9,7 @@ import yaml
 
 from models import io
 from prompt.config import ConfigError
-from train import ckpt, config, distill, evaluate, sft, ship
+from train import ckpt, config, distill, evaluate, sft, ship, vision
 from train import aarl as aarl_stage
 from test_train_fixtures import micro_preset, one_thread  # noqa: F401 (one_thread is a fixture)
 
@@ -37,8 +37,8 @@ def _run(root, out, steps):
             "ckpt_every_s": 0, "log_every": 1, "threads": 0}
 
 
-def _sft(root, out, steps=4):
-    return _cfg(root, "sft", {"preset": str(root / "micro.yaml"),
+def _sft(root, out, steps=4, **extra):
+    return _cfg(root, "sft", {"preset": str(root / "micro.yaml"), **extra,
                               "data": {"dir": str(root / "scenes"), "max_scenes": 6}, "run": _run(root, out, steps)})
 
 
@@ -71,7 +71,10 @@ def test_sft_resume_matches_an_uninterrupted_run(root, monkeypatch):
 
 
 def test_all_stages_chain_and_the_evaluation_reports(root):
-    target = sft.run(_sft(root, "sft", steps=3))
+    tower = vision.run(_cfg(root, "vision", {"preset": str(root / "micro.yaml"), "val_scenes": 2,
+                                             "data": {"dir": str(root / "scenes"), "max_scenes": 6},
+                                             "run": _run(root, "vision", 2)}))
+    target = sft.run(_sft(root, "sft", steps=3, init_vision=str(tower)))
     tok, cfg, _, _ = ckpt.load_planner(target)
     assert len(tok) == cfg.target.llm.vocab_size
     dcfg = _cfg(root, "distill", {"target": str(target), "data": {"dir": str(root / "scenes"), "max_scenes": 4},
@@ -93,10 +96,11 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
                                "runtime_scenes": 2,
                                "data": {"dir": str(root / "scenes"), "max_scenes": 2},
                                "out": str(root / "metrics.json"), "card": str(root / "CARD.md"),
-                               "sft_run": str(root / "sft"), "distill_run": str(root / "distill"),
+                               "vision_run": str(root / "vision"), "sft_run": str(root / "sft"), "distill_run": str(root / "distill"),
                                "aarl_run": str(root / "aarl")})
     evaluate.run(ecfg)
     card = (root / "CARD.md").read_text()
+    assert "vision pretraining: 2 steps" in card and "val scenes" in card
     assert "| test | draft-flat |" in card and "flat vs mrope" in card and "| 2 |" in card
     got = json.loads((root / "metrics.json").read_text())["splits"]["test"]
     assert set(got["drafts"]) == {"draft-flat", "draft-mrope", "draft-flat-standalone", "draft-flat-aarl"}

@@ -115,7 +115,8 @@ def rewards(target, expert, ex, scene, first: int, tokens, valid, tok, cfg: AARL
         greedy = logits[0, e.reasoning_start:len(e.ids) - 1].masked_fill(banned, float("-inf")).argmax(-1)
         match = (greedy == b.ids[0, e.reasoning_start + 1:]).float()
         gen = torch.Generator().manual_seed(int(ex.index))
-        wp, _ = expert.sample(cache, len(e.ids), torch.tensor([ex.v0]), rope_delta=ex.rope_delta, generator=gen)
+        wp, _ = expert.sample(cache, len(e.ids), torch.tensor([ex.v0]), rope_delta=ex.rope_delta, generator=gen,
+                              samples=cfg.trajectory_samples)
         ade = metrics.ade(wp[0].numpy(), ex.future)
         hit = metrics.collides(wp[0].numpy(), scene)
         agree = float(match.mean()) if len(match) else 1.0

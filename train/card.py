@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-COMMANDS = """specdrive scenes generate --out data/scenes --n 3000 --seed 0 --workers 2
+COMMANDS = """specdrive scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
+specdrive train vision --config configs/train/vision.yaml
 specdrive train sft --config configs/train/sft.yaml
 specdrive train distill --config configs/train/distill.yaml
 specdrive train distill --config configs/train/distill-standalone.yaml
@@ -112,6 +113,22 @@ def distill_lines(folder) -> list[str]:
     return out
 
 
+def vision_lines(folder) -> list[str]:
+    """The vision pretraining run: steps, last logged losses, and its validation numbers."""
+    log = _log(folder) if folder else []
+    if not log:
+        return ["- vision pretraining: not run (the tower started from random weights)"]
+    last = log[-1]
+    line = (f"- vision pretraining: {last['step']} steps; last logged cause-word BCE {last['bce']:.4f}, "
+            f"decision CE {last['ce']:.4f}")
+    val = Path(folder) / "val.json"
+    if val.is_file():
+        v = json.loads(val.read_text())
+        line += (f"; on {v['scenes']} val scenes the probe names the exact cause-word set on {v['cause']:.1%} "
+                 f"(a coin-flip grammar variant caps follow / free_cruise) and the decision on {v['decision']:.1%}")
+    return [line]
+
+
 def goal_lines(splits: dict, seeds: dict) -> list[str]:
     """The issue's 'done when' list, each marked met / NOT met from the numbers above."""
     def mark(ok):
@@ -147,6 +164,7 @@ def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
              f"metrics file: `{metrics_json}` (k = {m['k']}).", "",
              "## Goals of the issue, measured", "", *goal_lines(splits, seed_stats), "",
              "## Training actually done", "",
+             *vision_lines(runs.get("vision", "")),
              f"- SFT: {sft_log[-1]['step'] if sft_log else 'n/a'} steps; last logged losses: "
              + (", ".join(f"{k} {v}" for k, v in sft_log[-1].items() if k not in ("step", "elapsed_s")) if sft_log else "n/a"),
              *distill_lines(runs.get("distill", "")),

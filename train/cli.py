@@ -1,4 +1,4 @@
-"""`specdrive train sft|distill|aarl|ship|eval --config configs/train/X.yaml` (wired by tools/cli.py).
+"""`specdrive train vision|sft|distill|aarl|ship|eval --config configs/train/X.yaml` (wired by tools/cli.py).
 
 Each stage resumes from its run folder's saved state when there is one; `torchrun
 --nproc_per_node N -m train.cli sft --config ...` runs it data-parallel.
@@ -9,12 +9,12 @@ import argparse
 import importlib
 import sys
 
-RUNNERS = {"sft": "train.sft:run", "distill": "train.distill:run", "aarl": "train.aarl:run",
+RUNNERS = {"vision": "train.vision:run", "sft": "train.sft:run", "distill": "train.distill:run", "aarl": "train.aarl:run",
            "ship": "train.ship:run", "eval": "train.evaluate:run"}
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("train", help="train the tiny planner: sft, distill, aarl, ship, eval")
+    parser = subparsers.add_parser("train", help="train the tiny planner: vision, sft, distill, aarl, ship, eval")
     stages = parser.add_subparsers(dest="stage", metavar="STAGE")
     stages.required = True
     for stage in RUNNERS:

@@ -1,5 +1,6 @@
 """Checked configs of the three training stages; `configs/train/*.yaml` load into these.
 
+    VisionConfig   vision pretraining: the target's tower learns the cameras' facts first
     SFTConfig      target SFT: CoC + future-token next-token loss, action expert flow matching
     DistillConfig  routine-reasoner distillation from the target's own greedy reasoning
     AARLConfig     action-aware RL of the distilled flat draft (group-relative, KL anchor)
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
 
-STAGES = ("sft", "distill", "aarl")
+STAGES = ("vision", "sft", "distill", "aarl")
 DRAFTS = ("flat", "mrope", "flat-standalone", "flat-aarl")
 
 
@@ -59,8 +60,24 @@ class DataConfig:
 
 
 @dataclass
+class VisionConfig:
+    preset: str = "tiny"           # the preset whose vision tower is pretrained
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/vision-tiny", lr=1e-3))
+    slot: int = 16                 # dims each merged token keeps in the probe head
+    decision_weight: float = 1.0   # CE of the decision next to the cause-word BCE
+    val_scenes: int = 200          # validation scenes scored at the end (RUN/val.json); 0 = none
+
+    def __post_init__(self):
+        check_range("slot", self.slot, lo=1, hi=128)
+        check_range("decision_weight", self.decision_weight, lo=0.0)
+        check_range("val_scenes", self.val_scenes, lo=0)
+
+
+@dataclass
 class SFTConfig:
     preset: str = "tiny"           # configs/models/NAME.yaml or a path
+    init_vision: str = ""          # RUN/vision.safetensors of `train vision`; '' = random tower
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
     coc_weight: float = 1.0        # next-token loss on the CoC words and <|cot_end|>
@@ -117,9 +134,11 @@ class AARLConfig:
     ade_scale: float = 2.0         # metres that cost one unit of reward
     collision_penalty: float = 1.0
     kl_coef: float = 0.05          # beta of the KL to the frozen distilled draft (on-policy: no clip)
+    trajectory_samples: int = 1    # expert draws averaged per scored trajectory (as the runtime)
 
     def __post_init__(self):
         check_range("group", self.group, lo=2)
+        check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
         check_range("temperature", self.temperature, lo=1e-3)
         for name in ("action_weight", "accept_weight", "ade_scale", "collision_penalty", "kl_coef"):
@@ -131,7 +150,7 @@ def load(stage: str, path):
     from train.evaluate import EvalConfig
     from train.ship import ShipConfig
 
-    configs = {"sft": SFTConfig, "distill": DistillConfig, "aarl": AARLConfig, "ship": ShipConfig,
+    configs = {"vision": VisionConfig, "sft": SFTConfig, "distill": DistillConfig, "aarl": AARLConfig, "ship": ShipConfig,
                "eval": EvalConfig}
     check_choice("stage", stage, configs)
     return load_yaml(configs[stage], path)

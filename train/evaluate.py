@@ -42,8 +42,10 @@ class EvalConfig:
     threads: int = 0
     out: str = "runs/eval-tiny/metrics.json"
     runtime_scenes: int = 0        # test scenes also run through runtime.Planner (torch backend)
+    trajectory_samples: int = 1    # expert draws averaged per trajectory (runtime's trajectory_samples)
     notes: tuple[str, ...] = ()    # facts about the runs the numbers cannot show (written into the card)
     card: str = ""                 # MODEL_CARD.md to write from the metrics and the run logs ("" = none)
+    vision_run: str = "runs/vision-tiny"
     sft_run: str = "runs/sft-tiny"
     distill_run: str = "runs/distill-tiny"
     aarl_run: str = "runs/aarl-tiny"
@@ -52,14 +54,16 @@ class EvalConfig:
         check_range("k", self.k, lo=1, hi=16)
         check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
         check_range("batch", self.batch, lo=1)
+        check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         for s in self.splits:
             DataConfig(split=s)
 
 
 @torch.no_grad()
-def expert_ades(expert, target, teachers: list[Teacher], examples) -> dict:
+def expert_ades(expert, target, teachers: list[Teacher], examples, samples: int = 1) -> dict:
     """ADE of the expert after the full CoC, after CoC[:half] + a forced <|cot_end|> (a budget
-    cut, as the runtime closes it), after the prefill only (the fallback); constant velocity."""
+    cut, as the runtime closes it), after the prefill only (the fallback); constant velocity.
+    `samples` draws are averaged per trajectory, as the runtime's trajectory_samples does."""
     out = {"full": [], "half": [], "prefill": [], "const_vel": []}
     for t, e in zip(teachers, examples):
         ids = torch.from_numpy(t.ids)[None]
@@ -71,7 +75,8 @@ def expert_ades(expert, target, teachers: list[Teacher], examples) -> dict:
                 pos = torch.full((1, 1), half + e.rope_delta)
                 target(torch.tensor([[tok_cot_end(t)]]), *target.rope(pos), cache, half)
             g = torch.Generator().manual_seed(int(e.index))
-            wp, _ = expert.sample(cache, n, torch.tensor([e.v0]), rope_delta=e.rope_delta, generator=g)
+            wp, _ = expert.sample(cache, n, torch.tensor([e.v0]), rope_delta=e.rope_delta, generator=g,
+                                  samples=samples)
             out[name].append(metrics.ade(wp[0].numpy(), e.future))
         out["const_vel"].append(metrics.ade(metrics.constant_velocity(e.v0), e.future))
     return {k: float(np.mean(v)) for k, v in out.items()}
@@ -167,7 +172,7 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
            "commitment_acc": float(np.mean([c and d for c, d in right])),
            "coc_tokens": float(np.mean([len(t) for t in toks])),
            "ended": float(np.mean([tok.cot_end in t for t in toks]))}
-    out["ade"] = expert_ades(expert, target, teachers, exs)
+    out["ade"] = expert_ades(expert, target, teachers, exs, cfg.trajectory_samples)
     routine_ends = [t.first + metrics.routine_length(w) for t, w in zip(teachers, words)]
     out["drafts"] = {name: draft_numbers(d, teachers, tok, cfg.k, routine_ends) for name, d in drafts.items()}
     if split == "test" and cfg.runtime_scenes:
@@ -195,7 +200,8 @@ def runtime_check(cfg: EvalConfig, tok, drafts: list[str], reasoning_ids: list) 
                           "expert": planner_dir / "expert", "draft": _draft_path(cfg.planner, name)})
         spec = SpecConfig(k=cfg.k, k_max=cfg.k, adaptive=False)
         planner = Planner(be, tok, PlannerConfig(spec=spec, fallback_worker=False,
-                                                 max_reasoning_tokens=cfg.max_new_tokens))
+                                                 max_reasoning_tokens=cfg.max_new_tokens,
+                                                 trajectory_samples=cfg.trajectory_samples))
         emitted = steps = same = 0
         for i in range(min(cfg.runtime_scenes, len(reasoning_ids))):
             res = planner.plan(scenes[i].images, scenes[i].history)
@@ -226,6 +232,6 @@ def run(cfg: EvalConfig) -> str:
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(json.dumps(results, indent=1) + "\n")
     if cfg.card:
-        write_card(cfg.out, cfg.card, {"sft": cfg.sft_run, "distill": cfg.distill_run, "aarl": cfg.aarl_run},
+        write_card(cfg.out, cfg.card, {"vision": cfg.vision_run, "sft": cfg.sft_run, "distill": cfg.distill_run, "aarl": cfg.aarl_run},
                    cfg.notes)
     return cfg.out

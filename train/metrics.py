@@ -29,19 +29,38 @@ def split_commitment(words: list[str]) -> tuple[list[str], list[str]]:
 
 def commitment_correct(words: list[str], scene) -> tuple[bool, bool]:
     """(cause right, decision right) of generated CoC words against the scene's labels: the
-    cause must be the scene's cause phrase (either grammar variant), the action a phrase of the
-    scene's decision (either variant)."""
-    from scenes.coc import ACTION, CAUSE
+    cause must say what the scene's cause phrase says, in either grammar variant (the variant
+    is a coin flip the model cannot see), the action a phrase of the scene's decision (either
+    variant)."""
+    from scenes.coc import ACTION
 
     gt = scene.coc.split()
     gt_cause, _ = split_commitment(gt[routine_length(gt):])
     cause, action = split_commitment(words[routine_length(words):])
-    causes = [gt_cause]
-    try:
-        causes += [CAUSE[scene.family]({}, v) for v in (0, 1)]
-    except (KeyError, TypeError):
-        pass
+    causes = cause_phrases(scene.family, gt_cause, getattr(scene, "routine_variant", 0))
     return cause in causes, action in [list(a) for a in ACTION[scene.decision]]
+
+
+FACT_OPTIONS = {"noun": ("car", "van"), "light": ("red", "yellow", "green"), "side": ("left", "right"),
+                "turned": (False, True), "occluded": (False, True), "walking": (False, True),
+                "blocked": (False, True)}
+
+
+def cause_phrases(family: str, gt_cause: list[str], variant: int) -> list[list[str]]:
+    """Every cause phrase of `family`'s grammar (both variants) built from facts under which the
+    scene's own variant says `gt_cause`; just [gt_cause] for a family without a grammar."""
+    import itertools
+
+    from scenes.coc import CAUSE
+
+    if family not in CAUSE:
+        return [gt_cause]
+    out = [gt_cause]
+    for combo in itertools.product(*FACT_OPTIONS.values()):
+        facts = dict(zip(FACT_OPTIONS, combo))
+        if CAUSE[family](facts, variant) == gt_cause:
+            out += [p for p in (CAUSE[family](facts, v) for v in (0, 1)) if p not in out]
+    return out
 
 
 def ade(pred: np.ndarray, future: np.ndarray) -> float:

@@ -179,6 +179,9 @@ def run(cfg: SFTConfig) -> Path:
     out = Path(cfg.run.out)
     tok = run_tokenizer(out, world)
     model_cfg, target, expert = build_models(cfg.preset, tok, cfg.run.seed)
+    if cfg.init_vision:
+        from train.vision import load_into_target
+        load_into_target(target, cfg.init_vision)
     examples = load_examples(cfg.data, tok, model_cfg.target.vision)
     set_action_normalization(expert, examples)
     traj_mask = torch.from_numpy(tok.traj_mask())

@@ -102,15 +102,15 @@ class TableBackend(Backend):
         self._check_room(start, len(tokens))
         return self._read(self._forward(self.cache, self.W, tokens, start, None), readout, start + 1)
 
-    def action(self, tokens, start: int, v0: float, seed: int) -> np.ndarray:
+    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1) -> np.ndarray:
         self._tick("action")
         tokens = np.asarray(tokens, dtype=np.int64)
         if len(tokens):
             self._check_room(start, len(tokens))
             self._forward(self.cache, self.W, tokens, start, None)
         ctx = self.cache[:start + len(tokens)].mean(axis=0)
-        noise = np.random.default_rng(seed).normal(0, 0.02, 2 * N_WAYPOINTS)
-        u = np.tanh(ctx @ self.act_proj + noise).reshape(N_WAYPOINTS, 2)
+        noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * N_WAYPOINTS))
+        u = np.tanh(ctx @ self.act_proj + noise).mean(0).reshape(N_WAYPOINTS, 2)
         return integrate_actions(u[:, 0] * 1.5, u[:, 1] * 0.02, v0)
 
     # --- internals -------------------------------------------------------------------------

@@ -136,7 +136,7 @@ class TorchBackend(Backend):
             self.feats[start:start + ids.shape[1]] = feats
         return self._read(logits[0], readout, start + 1)
 
-    def action(self, tokens, start: int, v0: float, seed: int) -> np.ndarray:
+    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1) -> np.ndarray:
         stream = torch.cuda.stream(self.side_stream) if self.side_stream is not None else contextlib.nullcontext()
         with torch.no_grad(), stream:
             if self.side_stream is not None:   # after the cache writes queued so far
@@ -148,7 +148,7 @@ class TorchBackend(Backend):
                 self.target(ids, *self._text_rope(start, n), self.cache, start)
             g = torch.Generator(self.device).manual_seed(int(seed))
             wp, _ = self.expert.sample(self.cache, start + n, torch.tensor([float(v0)], device=self.device),
-                                       rope_delta=self.delta, generator=g)
+                                       rope_delta=self.delta, generator=g, samples=samples)
             out = wp[0].float().cpu().numpy()
         return out
 

@@ -1,0 +1,109 @@
+"""Vision pretraining (train/vision.py) and the commitment metric's grammar variants: the probe
+learns on a handful of scenes, SFT starts its tower from the saved weights, a tower of another
+preset or a missing file is refused with a message that says what to do."""
+import json
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+import yaml
+
+from prompt.config import ConfigError
+from train import config, metrics, sft, vision
+from test_train_fixtures import micro_preset, one_thread  # noqa: F401 (one_thread is a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    from scenes.dataset import GenerateConfig, generate
+
+    root = tmp_path_factory.mktemp("vision")
+    generate(GenerateConfig(out=str(root / "scenes"), n=40, seed=1), progress=False)
+    micro_preset(root)
+    return root
+
+
+def _vision_cfg(root, out, steps, **extra):
+    body = {"preset": str(root / "micro.yaml"), "data": {"dir": str(root / "scenes"), "max_scenes": 8},
+            "val_scenes": 2, **extra,
+            "run": {"out": str(root / out), "steps": steps, "batch_size": 8, "warmup": 1, "lr": 3e-3,
+                    "ckpt_every_s": 0, "log_every": 1, "threads": 0, "min_lr_ratio": 1.0}}
+    path = root / f"{out}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return config.load("vision", path)
+
+
+def test_the_probe_fits_a_handful_of_scenes_and_writes_the_tower(root):
+    weights = vision.run(_vision_cfg(root, "vis", steps=25))
+    rows = [json.loads(r) for r in (root / "vis" / "log.jsonl").read_text().splitlines()]
+    assert rows[-1]["bce"] < rows[0]["bce"] * 0.5 and rows[-1]["ce"] < rows[0]["ce"] * 0.5
+    val = json.loads((root / "vis" / "val.json").read_text())
+    assert val["scenes"] == 2 and 0.0 <= val["decision"] <= 1.0 and val["families"]
+    meta = safetensors.safe_open(str(weights), "pt").metadata()
+    assert meta["stage"] == "vision" and "the" in json.loads(meta["cause_words"])
+
+
+def test_sft_starts_its_tower_from_the_pretrained_weights(root):
+    weights = root / "vis" / "vision.safetensors"
+    if not weights.is_file():
+        vision.run(_vision_cfg(root, "vis", steps=2))
+    tok = sft.run_tokenizer(root / "tok", sft.dist.World(0, 1))
+    _, target, _ = sft.build_models(str(root / "micro.yaml"), tok, seed=5)
+    saved = safetensors.torch.load_file(str(weights))
+    assert any(not torch.equal(target.visual.state_dict()[k], v) for k, v in saved.items())
+    vision.load_into_target(target, weights)
+    for k, v in saved.items():
+        assert torch.equal(target.visual.state_dict()[k], v), k
+
+
+def test_a_tower_of_another_preset_or_a_missing_file_is_refused(root, tmp_path):
+    weights = root / "vis" / "vision.safetensors"
+    if not weights.is_file():
+        vision.run(_vision_cfg(root, "vis", steps=2))
+    tok = sft.run_tokenizer(root / "tok", sft.dist.World(0, 1))
+    _, tiny, _ = sft.build_models("tiny", tok, seed=0)
+    with pytest.raises(ConfigError, match="missing .*blocks.1.* another preset"):
+        vision.load_into_target(tiny, weights)
+    _, micro, _ = sft.build_models(str(root / "micro.yaml"), tok, seed=0)
+    bent = safetensors.torch.load_file(str(weights))
+    bent["patch_embed.proj.weight"] = bent["patch_embed.proj.weight"][:, :-1].contiguous()
+    safetensors.torch.save_file(bent, str(tmp_path / "bent.safetensors"))
+    with pytest.raises(ConfigError, match="patch_embed.proj.weight has shape .* needs"):
+        vision.load_into_target(micro, tmp_path / "bent.safetensors")
+    with pytest.raises(ConfigError, match="train vision"):
+        vision.load_into_target(micro, tmp_path / "nothing.safetensors")
+
+
+class _Scene:
+    def __init__(self, coc, family, decision, variant):
+        self.coc, self.family, self.decision, self.routine_variant = coc, family, decision, variant
+
+
+ROUTINE = "ego is driving at 9 m/s , holding speed , going straight , covering 12 m ,"
+
+
+def test_the_commitment_metric_accepts_either_grammar_variant_of_the_same_facts():
+    scene = _Scene(f"{ROUTINE} a van is ahead , so follow it", "follow", "follow", 0)
+    said = lambda text: (ROUTINE + " " + text).split()   # noqa: E731
+    assert metrics.commitment_correct(said("a van is ahead , so follow it"), scene) == (True, True)
+    assert metrics.commitment_correct(said("a van leads the lane , so keep the gap"), scene) == (True, True)
+    assert metrics.commitment_correct(said("a car leads the lane , so keep the gap"), scene) == (False, True)
+    assert metrics.commitment_correct(said("a van is ahead , so slow down"), scene) == (True, False)
+    light = _Scene(f"{ROUTINE} the light ahead is yellow , so slow down", "traffic_light", "slow_down", 1)
+    assert metrics.commitment_correct(said("the light ahead is red , so slow down"), light) == (False, True)
+    assert metrics.cause_phrases("traffic_light", "the light ahead is yellow".split(), 1) == [
+        "the light ahead is yellow".split()]
+
+
+def test_vision_labels_are_the_cause_words_and_the_decision():
+    from scenes.config import DECISIONS
+
+    scenes = [_Scene(f"{ROUTINE} the road turns left ahead , so turn left", "turn", "turn_left", 0)]
+    assert vision.cause_words(scenes[0]) == "the road turns left ahead".split()
+    index = {w: i for i, w in enumerate(["ahead", "left", "right", "road", "the", "turns"])}
+    hot, dec = vision.labels(scenes, index, DECISIONS)
+    assert hot.tolist() == [[1, 1, 0, 1, 1, 1]] and DECISIONS[int(dec[0])] == "turn_left"
+    assert np.asarray(hot).dtype == np.float32
