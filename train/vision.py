@@ -2,7 +2,7 @@
 
 Real Qwen-VL towers arrive pretrained; ours starts from random weights, and in SFT its only
 signal is the one or two CoC words per scene that name a visual fact (left or right, car or
-van, the light's colour). A full SFT step costs ~25x a tower step (the 12-layer LLM over ~430
+van, the light's colour). Per scene an SFT step costs ~12x a tower step (the 12-layer LLM over ~430
 tokens), so the tower first learns those facts on its own, at a fraction of the cost:
 
     tower(8 images) -> 192 merged tokens (+ DeepStack features) -> 16 dims each, concatenated
