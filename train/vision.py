@@ -176,7 +176,8 @@ def run(cfg: VisionStageConfig) -> Path:
     loop.fit(cfg.run, {"probe": probe}, step_fn, world, on_checkpoint, {"config": to_dict(cfg)})
     if world.main and cfg.val_scenes:
         from train.config import DataConfig
-        val_images, val_scenes = load_split(DataConfig(dir=cfg.data.dir, split="val", max_scenes=cfg.val_scenes))
+        val = DataConfig(dir=cfg.data.dir, split="val", max_scenes=cfg.val_scenes)
+        val_images, val_scenes = load_split(val)
         result = evaluate(probe, val_images, val_scenes, word_index, DECISIONS, vision)
         (out / "val.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"val: cause {result['cause']:.3f}, decision {result['decision']:.3f} "
