@@ -45,9 +45,10 @@ demo: $(STAMP)
 	$(PY) -m tools.cli demo --out out/demo
 
 scenes: $(STAMP)
-	$(PY) -m tools.cli scenes generate --out data/scenes --n 2000 --seed 0
+	$(PY) -m tools.cli scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
 
-# Reproduce checkpoints/tiny from scratch (data, SFT, distillation, AARL, ship, model card).
+# Reproduce checkpoints/tiny from scratch (data, vision pretraining, SFT, distillation, AARL,
+# ship, model card); ~90 min on 2 CPU cores.
 train: $(STAMP)
 	$(PY) -m tools.cli scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
 	$(PY) -m tools.cli train vision --config configs/train/vision.yaml
