@@ -22,6 +22,15 @@ def micro_preset(folder: Path) -> str:
     return str(path)
 
 
+def stage_root(folder: Path, seed: int, n: int = 40) -> Path:
+    """A run folder with a generated dataset (folder/scenes) and the micro preset (micro.yaml)."""
+    from scenes.dataset import GenerateConfig, generate
+
+    generate(GenerateConfig(out=str(folder / "scenes"), n=n, seed=seed), progress=False)
+    micro_preset(folder)
+    return folder
+
+
 @functools.lru_cache(maxsize=None)
 def scenes(n: int, split: str = "train") -> tuple:
     from scenes.world import make_scene

@@ -11,19 +11,14 @@ from models import io
 from prompt.config import ConfigError
 from train import ckpt, config, distill, evaluate, sft, ship, vision
 from train import aarl as aarl_stage
-from test_train_fixtures import micro_preset, one_thread  # noqa: F401 (one_thread is a fixture)
+from test_train_fixtures import one_thread, stage_root  # noqa: F401 (one_thread is a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    from scenes.dataset import GenerateConfig, generate
-
-    root = tmp_path_factory.mktemp("stages")
-    generate(GenerateConfig(out=str(root / "scenes"), n=40, seed=0), progress=False)
-    micro_preset(root)
-    return root
+    return stage_root(tmp_path_factory.mktemp("stages"), seed=0)
 
 
 def _cfg(root, stage, body: dict):
