@@ -7,6 +7,7 @@ equal slices the update equals one process on the combined batch:
 """
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -32,7 +33,16 @@ def init() -> World:
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
+        atexit.register(_close)
     return World(dist.get_rank(), dist.get_world_size())
+
+
+def _close() -> None:
+    """Leave the group before the interpreter shuts down: a gloo group still alive at exit can
+    abort the process ("terminate called without an active exception") after a finished run."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def average_gradients(params, world: World) -> None:
