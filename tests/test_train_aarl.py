@@ -56,3 +56,22 @@ def test_collision_term_sees_an_overlap():
     i = next(i for i, a in enumerate(scene.agents) if a["kind"] not in metrics.NON_SOLID)
     through = np.repeat(scene.agent_poses[i, 16:17], 64, axis=0)   # sit on the agent at t0 + 0.1 s
     assert metrics.collides(through, scene)
+
+
+def test_the_fixed_scene_score_draws_the_same_rollouts_for_every_draft(tmp_path):
+    from train.config import AARLConfig
+
+    tok = build_tokenizer()
+    cfg, target, expert = sft.build_models(micro_preset(tmp_path), tok, seed=0)
+    target.eval()
+    torch.manual_seed(2)
+    draft = Draft(ckpt.draft_config(cfg, "flat"), target.embed_tokens, target.lm_head).eval()
+    items = list(zip(examples(2, tok, cfg.target.vision), scenes(2)))
+    acfg = AARLConfig(group=2, max_new_tokens=4)
+    one = aarl.score_draft(draft, target, expert, items, tok, acfg)
+    assert one == aarl.score_draft(draft, target, expert, items, tok, acfg)
+    assert one["scenes"] == 2 and one["action_reward"] == pytest.approx(-one["ade"] / 2.0 - one["collision"])
+    with torch.no_grad():
+        for p in draft.layers.parameters():
+            p.add_(torch.randn_like(p))
+    assert aarl.score_draft(draft, target, expert, items, tok, acfg) != one   # other rollouts, other scores

@@ -67,7 +67,7 @@ def test_sft_resume_matches_an_uninterrupted_run(root, monkeypatch):
 
 def test_all_stages_chain_and_the_evaluation_reports(root):
     tower = vision.run(_cfg(root, "vision", {"preset": str(root / "micro.yaml"), "val_scenes": 2,
-                                             "data": {"dir": str(root / "scenes"), "max_scenes": 6},
+                                             "data": {"dir": str(root / "scenes"), "max_scenes": 6, "balance": 1.0},
                                              "run": _run(root, "vision", 2)}))
     target = sft.run(_sft(root, "sft", steps=3, init_vision=str(tower)))
     tok, cfg, _, _ = ckpt.load_planner(target)
@@ -78,8 +78,11 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
     assert [p.name for p in drafts] == ["draft-flat", "draft-mrope", "draft-flat-standalone"]
     log = [json.loads(r) for r in (root / "distill" / "flat-s0" / "log.jsonl").read_text().splitlines()]
     assert log[-1]["loss"] < log[0]["loss"] * 1.5 and "acc3" in log[0]
-    acfg = _cfg(root, "aarl", {"target": str(target), "draft": str(drafts[0]), "group": 2, "max_new_tokens": 5,
-                               "data": {"dir": str(root / "scenes"), "max_scenes": 4}, "run": _run(root, "aarl", 2)})
+    acfg_path = root / "aarl.yaml"
+    acfg_path.write_text(yaml.safe_dump({"target": str(target), "draft": str(drafts[0]), "group": 2,
+                                         "max_new_tokens": 5, "data": {"dir": str(root / "scenes"), "max_scenes": 4},
+                                         "run": _run(root, "aarl", 2)}))
+    acfg = config.load("aarl", acfg_path)
     post = aarl_stage.run(acfg)
     rows = [json.loads(r) for r in (root / "aarl" / "log.jsonl").read_text().splitlines()]
     assert {"reward", "kl", "accepted", "ade"} <= set(rows[0]) and rows[0]["kl"] == pytest.approx(0, abs=1e-6)
@@ -88,7 +91,7 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
     with pytest.raises(ConfigError, match="variant"):
         ship.run(_cfg(root, "ship", {"sft": str(target), "out": str(root / "bad"), "drafts": {"mrope": str(drafts[0])}}))
     ecfg = _cfg(root, "eval", {"planner": shipped, "splits": ["test"], "max_new_tokens": 6, "k": 3,
-                               "runtime_scenes": 2,
+                               "runtime_scenes": 2, "aarl_scenes": 2, "aarl_config": str(acfg_path),
                                "data": {"dir": str(root / "scenes"), "max_scenes": 2},
                                "out": str(root / "metrics.json"), "card": str(root / "CARD.md"),
                                "vision_run": str(root / "vision"), "sft_run": str(root / "sft"), "distill_run": str(root / "distill"),
@@ -97,6 +100,10 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
     card = (root / "CARD.md").read_text()
     assert "vision pretraining: 2 steps" in card and "val scenes" in card
     assert "| test | draft-flat |" in card and "flat vs mrope" in card and "| 2 |" in card
+    rew = json.loads((root / "metrics.json").read_text())["aarl_reward"]
+    assert rew["draft-flat"]["scenes"] == 2 and "action reward" in card
+    for r in (rew["draft-flat"], rew["draft-flat-aarl"]):
+        assert r["action_reward"] == pytest.approx(-r["ade"] / 2.0 - r["collision"]) and r["reward"] <= 1.0
     got = json.loads((root / "metrics.json").read_text())["splits"]["test"]
     assert set(got["drafts"]) == {"draft-flat", "draft-mrope", "draft-flat-standalone", "draft-flat-aarl"}
     for numbers in got["drafts"].values():

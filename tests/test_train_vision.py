@@ -9,8 +9,8 @@ import safetensors.torch
 import torch
 import yaml
 
-from prompt.config import ConfigError
-from train import config, metrics, sft, vision
+from prompt.config import ConfigError, from_dict
+from train import config, data, metrics, sft, vision
 from test_train_fixtures import one_thread, stage_root  # noqa: F401 (one_thread is a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,3 +102,41 @@ def test_vision_labels_are_the_cause_words_and_the_decision():
     hot, dec = vision.labels(scenes, index, DECISIONS)
     assert hot.tolist() == [[1, 1, 0, 1, 1, 1]] and DECISIONS[int(dec[0])] == "turn_left"
     assert np.asarray(hot).dtype == np.float32
+
+
+def test_the_fact_key_ignores_wording_and_keeps_the_facts():
+    key = lambda text, fam, dec, var=0: data.fact_key(_Scene(f"{ROUTINE} {text}", fam, dec, var))  # noqa: E731
+    assert key("a van is ahead , so follow it", "follow", "follow") == \
+        key("a van leads the lane , so keep the gap", "follow", "follow", 1)
+    assert key("a van is ahead , so follow it", "follow", "follow") != \
+        key("a car is ahead , so follow it", "follow", "follow")
+    yellow = key("the light ahead is yellow , so slow down", "traffic_light", "slow_down", 1)
+    assert yellow == key("the light ahead is yellow , so ease off", "traffic_light", "slow_down", 1)
+    assert yellow != key("the light ahead is red , so slow down", "traffic_light", "slow_down", 1)
+    assert yellow != key("the light ahead is yellow , so stop", "traffic_light", "stop", 1)
+
+
+def test_balanced_batches_draw_rare_facts_more_and_split_across_ranks():
+    keys = ["common"] * 90 + ["rare"] * 10
+    assert data.balance_weights(keys, 0.0) is None
+    full = data.balance_weights(keys, 1.0)
+    assert full[:90].sum() == pytest.approx(0.5) and full[90:].sum() == pytest.approx(0.5)
+    half = data.balance_weights(keys, 0.5)
+    assert 0.1 < half[90:].sum() < 0.5
+    drawn = np.concatenate([data.batch_indices(100, 50, s, seed=3, weights=full) for s in range(40)])
+    assert 0.4 < np.mean(drawn >= 90) < 0.6          # 2000 draws; uniform epochs would give 0.1
+    one = data.batch_indices(100, 8, 5, seed=3, weights=full)
+    two = [data.batch_indices(100, 4, 5, seed=3, rank=r, world=2, weights=full) for r in range(2)]
+    assert list(two[0]) + list(two[1]) == list(one)
+    assert list(data.batch_indices(100, 8, 5, seed=3, weights=full)) == list(one)
+    with pytest.raises(ValueError, match="3 sampling weights for 100 items"):
+        data.batch_indices(100, 8, 0, seed=3, weights=np.ones(3) / 3)
+
+
+def test_balance_is_refused_out_of_range_and_where_it_does_not_apply():
+    with pytest.raises(ConfigError, match=r"data.balance=1.5 is out of range; allowed \[0.0, 1.0\]"):
+        config.DataConfig(balance=1.5)
+    for stage in (config.DistillConfig, config.AARLConfig):
+        with pytest.raises(ConfigError, match="balance applies to the vision and sft stages only"):
+            from_dict(stage, {"data": {"balance": 0.5}})
+    assert from_dict(config.SFTConfig, {"data": {"balance": 0.5}}).data.balance == 0.5

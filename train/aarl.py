@@ -156,6 +156,28 @@ def aarl_step(policy, ref, target, expert, items, tok, cfg: AARLConfig, step: in
     return torch.stack(losses).mean(), logs
 
 
+@torch.no_grad()
+def score_draft(draft, target, expert, items, tok, cfg: AARLConfig, seed: int = 0) -> dict:
+    """The reward of `draft` on fixed scenes, without an update: `group` rollouts per scene,
+    seeded by (seed, scene index) only, so two drafts are scored on the same draws. The
+    training curve mixes in which scenes each step drew; this is the before/after measure.
+    Returns the mean reward, its action part (-ADE / ade_scale - collision penalty), ADE,
+    collision rate, agreement with the target and accepted length."""
+    text, banned = torch.from_numpy(tok.text_mask()), torch.from_numpy(tok.traj_mask())
+    rows = []
+    for ex, scene in items:
+        torch.manual_seed(seed * 100_003 + int(ex.index))
+        first, feats, embeds, T0 = prefill(target, ex, tuple(draft.cfg.feature_layers), banned)
+        prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
+        tokens, _ = chain(draft, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, group=cfg.group)
+        sc = rewards(target, expert, ex, scene, first, tokens, valid_mask(tokens, tok.cot_end), tok, cfg)
+        action = -sc["ade"] / cfg.ade_scale - cfg.collision_penalty * sc["collision"]
+        rows.append({"reward": sc["r"].mean(), "action_reward": action.mean(), "ade": sc["ade"].mean(),
+                     "collision": sc["collision"].mean(), "agree": sc["agree"].mean(),
+                     "accepted": sc["accepted"].mean()})
+    return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]} | {"scenes": len(rows)}
+
+
 def run(cfg: AARLConfig) -> Path:
     from scenes import dataset
     from train.sft import load_examples

@@ -129,7 +129,7 @@ def vision_lines(folder) -> list[str]:
     return [line]
 
 
-def goal_lines(splits: dict, seeds: dict) -> list[str]:
+def goal_lines(splits: dict, seeds: dict, rew: dict | None = None) -> list[str]:
     """The issue's 'done when' list, each marked met / NOT met from the numbers above."""
     def mark(ok):
         return "met" if ok else "NOT met"
@@ -150,7 +150,22 @@ def goal_lines(splits: dict, seeds: dict) -> list[str]:
     if "draft-flat" in held and "draft-flat-aarl" in held:
         a, b = held["draft-flat-aarl"]["tau"], held["draft-flat"]["tau"]
         out.append(f"- heldout: flat-aarl tau = {a:.2f} vs flat {b:.2f} (goal: not below): {mark(a >= b)}")
+    if rew:
+        a, b = rew["draft-flat-aarl"]["action_reward"], rew["draft-flat"]["action_reward"]
+        out.append(f"- {rew['split']}: flat-aarl action reward = {a:.3f} vs flat {b:.3f} on the same seeded "
+                   f"rollouts (goal: up): {mark(a > b)}")
     return out
+
+
+def aarl_reward_lines(rew: dict) -> list[str]:
+    """The fixed-scene reward of draft-flat and draft-flat-aarl (train.evaluate.aarl_reward)."""
+    if not rew:
+        return []
+    head = ["| draft | reward | action reward | ADE (m) | collision | agree | accepted |", "|" + "---|" * 7]
+    return [f"Both drafts on the same seeded rollouts of {rew['draft-flat']['scenes']} {rew['split']} scenes "
+            f"(reward settings of `{rew['config']}`):", "", *head,
+            *[f"| {d} | {r['reward']:.3f} | {r['action_reward']:.3f} | {r['ade']:.2f} | {r['collision']:.2f} | "
+              f"{r['agree']:.3f} | {r['accepted']:.1f} |" for d, r in rew.items() if isinstance(r, dict)]]
 
 
 def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
@@ -162,7 +177,7 @@ def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
              "A tiny Alpamayo-R1-style planner trained from scratch on specdrive's synthetic world "
              "(2 CPU cores). Every number below is produced by the commands at the end; "
              f"metrics file: `{metrics_json}` (k = {m['k']}).", "",
-             "## Goals of the issue, measured", "", *goal_lines(splits, seed_stats), "",
+             "## Goals of the issue, measured", "", *goal_lines(splits, seed_stats, m.get("aarl_reward")), "",
              "## Training actually done", "",
              *vision_lines(runs.get("vision", "")),
              f"- SFT: {sft_log[-1]['step'] if sft_log else 'n/a'} steps; last logged losses: "
@@ -184,6 +199,7 @@ def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
              "## AARL (flat -> flat-aarl)", "",
              *(["![AARL curves](aarl_curves.png)", ""] if aarl_plot(_log(runs.get("aarl", "")),
                                                                   Path(card_md).parent / "aarl_curves.png") else []),
+             *aarl_reward_lines(m.get("aarl_reward", {})), "",
              *aarl_lines(_log(runs.get("aarl", ""))), "",
              *(["## Notes", "", *[f"- {n}" for n in notes], ""] if notes else []),
              "## Commands", "", "```", COMMANDS, "```", ""]

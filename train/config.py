@@ -53,10 +53,12 @@ class DataConfig:
     dir: str = "data/scenes"
     split: str = "train"
     max_scenes: int = 0            # 0 = all scenes of the split
+    balance: float = 0.0           # vision and sft: draw scenes with p ~ count(fact)^-balance; 0 = plain epochs
 
     def __post_init__(self):
         check_choice("data.split", self.split, ("train", "val", "test", "heldout", "unseen"))
         check_range("data.max_scenes", self.max_scenes, lo=0)
+        check_range("data.balance", self.balance, lo=0.0, hi=1.0)
 
 
 @dataclass
@@ -118,6 +120,7 @@ class DistillConfig:
         for name in ("kl_weight", "feature_weight"):
             check_range(name, getattr(self, name), lo=0.0)
         check_range("temperature", self.temperature, lo=1e-3)
+        uniform_only("distill", self.data)
 
 
 @dataclass
@@ -143,6 +146,14 @@ class AARLConfig:
         check_range("temperature", self.temperature, lo=1e-3)
         for name in ("action_weight", "accept_weight", "ade_scale", "collision_penalty", "kl_coef"):
             check_range(name, getattr(self, name), lo=0.0)
+        uniform_only("aarl", self.data)
+
+
+def uniform_only(stage: str, data_cfg: DataConfig) -> None:
+    """Distillation and AARL learn the target's own behaviour on the data as it comes."""
+    if data_cfg.balance:
+        raise ConfigError(f"data.balance={data_cfg.balance!r}: the {stage} stage draws scenes uniformly; "
+                          "balance applies to the vision and sft stages only (set it to 0 here)")
 
 
 def load(stage: str, path):

@@ -17,6 +17,7 @@ Loss masks index the *logit* position t that predicts ids[t+1]:
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from models.action_expert import v0_from_history
 from prompt.layout import COMMITMENT, build_prompt
 from prompt.pixels import images_to_patches
 from prompt.positions import mrope_position_ids
+from train.metrics import cause_phrases, routine_length, split_commitment
 
 
 @dataclass
@@ -142,11 +144,41 @@ def sample_rng(seed: int, step: int, index: int) -> torch.Generator:
     return g
 
 
-def batch_indices(n_items: int, batch: int, step: int, seed: int, rank: int = 0, world: int = 1) -> np.ndarray:
+def fact_key(scene) -> str:
+    """What a scene teaches about the world: its family, the facts its cause phrase states and
+    the decision label. Wording is left out (the grammar variant is a coin flip): the cause is
+    the first of its equivalent phrases in sort order."""
+    words = scene.coc.split()
+    cause, _ = split_commitment(words[routine_length(words):])
+    canonical = min(cause_phrases(scene.family, cause, getattr(scene, "routine_variant", 0)))
+    return " ".join([scene.family, *canonical, "->", scene.decision])
+
+
+def balance_weights(keys, power: float) -> np.ndarray | None:
+    """Sampling probabilities with p(item) proportional to count(its key) ** -power: 0 keeps
+    the data's own frequencies (returns None: plain epochs), 1 draws every key equally often.
+    Rare facts (a yellow light is ~2% of the scenes) are then seen more than once an epoch."""
+    if power == 0:
+        return None
+    keys = list(keys)
+    counts = Counter(keys)
+    w = np.array([counts[k] ** -float(power) for k in keys])
+    return w / w.sum()
+
+
+def batch_indices(n_items: int, batch: int, step: int, seed: int, rank: int = 0, world: int = 1,
+                  weights: np.ndarray | None = None) -> np.ndarray:
     """Indices of this rank's slice of global batch `step`: epochs are seeded permutations,
-    the global batch (batch * world items) is cut into `world` consecutive slices."""
+    the global batch (batch * world items) is cut into `world` consecutive slices. With
+    `weights` (balance_weights) the global batch is drawn with replacement from them, seeded by
+    (seed, step), so every rank and a resumed run draw the same batch."""
     if n_items < 1:
         raise ValueError("the dataset is empty: no scenes to train on")
+    if weights is not None:
+        if len(weights) != n_items:
+            raise ValueError(f"{len(weights)} sampling weights for {n_items} items")
+        drawn = np.random.default_rng([seed, step, 0xBA1]).choice(n_items, size=batch * world, p=weights)
+        return drawn[rank * batch:(rank + 1) * batch].astype(np.int64)
     g = batch * world
     start = step * g
     out = []

@@ -42,6 +42,9 @@ class EvalConfig:
     threads: int = 0
     out: str = "runs/eval-tiny/metrics.json"
     runtime_scenes: int = 0        # test scenes also run through runtime.Planner (torch backend)
+    aarl_scenes: int = 0           # heldout scenes on which draft-flat and draft-flat-aarl are scored
+                                   # with the AARL reward of `aarl_config` (same seeded rollouts)
+    aarl_config: str = "configs/train/aarl.yaml"
     trajectory_samples: int = 1    # expert draws averaged per trajectory (runtime's trajectory_samples)
     notes: tuple[str, ...] = ()    # facts about the runs the numbers cannot show (written into the card)
     card: str = ""                 # MODEL_CARD.md to write from the metrics and the run logs ("" = none)
@@ -55,6 +58,7 @@ class EvalConfig:
         check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
         check_range("batch", self.batch, lo=1)
         check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
+        check_range("aarl_scenes", self.aarl_scenes, lo=0)
         for s in self.splits:
             DataConfig(split=s)
 
@@ -185,6 +189,22 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
     return out
 
 
+def aarl_reward(cfg: EvalConfig, tok, model_cfg, target, expert, drafts: dict) -> dict:
+    """The AARL reward (train.aarl.score_draft, settings from cfg.aarl_config) of each draft on
+    the first `aarl_scenes` heldout scenes, every draft on the same seeded rollouts."""
+    from scenes import dataset
+    from train import aarl, config
+    from train.sft import load_examples
+
+    acfg = config.load("aarl", cfg.aarl_config)
+    exs = load_examples(DataConfig(dir=cfg.data.dir, split="heldout", max_scenes=cfg.aarl_scenes), tok,
+                        model_cfg.target.vision)
+    scenes = dataset.load(cfg.data.dir, "heldout")
+    items = [(e, scenes[int(e.index)]) for e in exs]
+    out = {name: aarl.score_draft(d, target, expert, items, tok, acfg) for name, d in drafts.items()}
+    return {"split": "heldout", "config": cfg.aarl_config, **out}
+
+
 def runtime_check(cfg: EvalConfig, tok, drafts: list[str], reasoning_ids: list) -> dict:
     """tau of the runtime's own loop (runtime.Planner, torch backend, greedy, fixed k) on the
     first test scenes, and whether its reasoning equals the batched greedy reasoning."""
@@ -229,6 +249,10 @@ def run(cfg: EvalConfig) -> str:
     for split in cfg.splits:
         results["splits"][split] = evaluate_split(cfg, split, tok, model_cfg, target, expert, drafts)
         print(split, json.dumps(results["splits"][split]), flush=True)
+    pair = [n for n in ("draft-flat", "draft-flat-aarl") if n in drafts]
+    if cfg.aarl_scenes and len(pair) == 2:
+        results["aarl_reward"] = aarl_reward(cfg, tok, model_cfg, target, expert, {n: drafts[n] for n in pair})
+        print("aarl_reward", json.dumps(results["aarl_reward"]), flush=True)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(json.dumps(results, indent=1) + "\n")
     if cfg.card:

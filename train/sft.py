@@ -128,18 +128,20 @@ def inverse_unicycle(future, v0: float):
     return waypoints_to_actions(torch.as_tensor(future, dtype=torch.float64), torch.tensor(v0, dtype=torch.float64)).float().numpy()
 
 
-def load_examples(data_cfg, tok, vision) -> list[data.Example]:
+def load_examples(data_cfg, tok, vision, keys: bool = False):
+    """The split's scenes as Examples; with keys=True also each scene's data.fact_key."""
     from scenes import dataset
 
-    out = []
+    out, facts = [], []
     for i, scene in enumerate(dataset.load(data_cfg.dir, data_cfg.split)):
         if data_cfg.max_scenes and i >= data_cfg.max_scenes:
             break
         out.append(data.encode_scene(scene, tok, vision, inverse_unicycle, index=i))
+        facts.append(data.fact_key(scene))
     if not out:
         raise ValueError(f"no scenes of split {data_cfg.split!r} in {data_cfg.dir!r}; "
                          "generate them with `specdrive scenes generate`")
-    return out
+    return (out, facts) if keys else out
 
 
 def set_action_normalization(expert: ActionExpert, examples: list[data.Example]) -> None:
@@ -182,12 +184,14 @@ def run(cfg: SFTConfig) -> Path:
     if cfg.init_vision:
         from train.vision import load_into_target
         load_into_target(target, cfg.init_vision)
-    examples = load_examples(cfg.data, tok, model_cfg.target.vision)
+    examples, keys = load_examples(cfg.data, tok, model_cfg.target.vision, keys=True)
     set_action_normalization(expert, examples)
     traj_mask = torch.from_numpy(tok.traj_mask())
+    weights = data.balance_weights(keys, cfg.data.balance)
 
     def step_fn(step):
-        idx = data.batch_indices(len(examples), cfg.run.batch_size, step, cfg.run.seed, world.rank, world.size)
+        idx = data.batch_indices(len(examples), cfg.run.batch_size, step, cfg.run.seed, world.rank, world.size,
+                                 weights)
         batch = data.collate([examples[i] for i in idx], tok.pad, model_cfg.target.vision)
         return sft_step(target, expert, batch, cfg, traj_mask, step)
 

@@ -155,9 +155,11 @@ def run(cfg: VisionStageConfig) -> Path:
         images.shape[3] // vision.patch // vision.merge)
     torch.manual_seed(cfg.run.seed)
     probe = Probe(vision, model_cfg.target.llm.hidden, tokens, len(vocab), len(DECISIONS), cfg.slot)
+    weights = data.balance_weights([data.fact_key(s) for s in scenes], cfg.data.balance)
 
     def step_fn(step):
-        idx = data.batch_indices(len(scenes), cfg.run.batch_size, step, cfg.run.seed, world.rank, world.size)
+        idx = data.batch_indices(len(scenes), cfg.run.batch_size, step, cfg.run.seed, world.rank, world.size,
+                                 weights)
         px, grid = batch_pixels(images[idx], vision)
         w, d = probe(px, grid, len(idx))
         bce = F.binary_cross_entropy_with_logits(w, torch.from_numpy(hot[idx]))
