@@ -109,6 +109,10 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
     for numbers in got["drafts"].values():
         assert 1.0 <= numbers["tau"] <= 4.0 and 0.0 <= numbers["attn_vision"] <= 1.0
     assert got["ade"]["const_vel"] > 0 and 0.0 <= got["commitment_acc"] <= 1.0
+    assert sum(f["scenes"] for f in got["families"].values()) == got["scenes"]
+    assert got["commitment_acc"] == pytest.approx(
+        sum(f["scenes"] * f["commitment_acc"] for f in got["families"].values()) / got["scenes"])
+    assert "by scene family" in card and f"| {sorted(got['families'])[0]} |" in card
     for name, loop in got["runtime_loop"].items():   # the runtime's own loop agrees with the replay
         assert loop["same_reasoning"] == 1.0, name
         assert loop["tau"] == pytest.approx(got["drafts"][name]["tau"]), f"{name}: runtime vs replayed tau"

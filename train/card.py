@@ -40,6 +40,20 @@ def target_table(splits: dict) -> list[str]:
     return rows
 
 
+def family_table(splits: dict) -> list[str]:
+    """Cause-and-decision accuracy per scene family (rows) and split (columns)."""
+    names = [n for n, s in splits.items() if s.get("families")]
+    if not names:
+        return []
+    fams = sorted({f for n in names for f in splits[n]["families"]})
+    rows = ["| family | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for f in fams:
+        cells = [splits[n]["families"].get(f) for n in names]
+        rows.append(f"| {f} | " + " | ".join(f"{c['commitment_acc']:.0%} of {c['scenes']}" if c else "-"
+                                           for c in cells) + " |")
+    return rows
+
+
 def draft_table(splits: dict) -> list[str]:
     rows = ["| split | draft | tau (k=8) | tau routine | tau commitment | attn history | attn vision |",
             "|" + "---|" * 7]
@@ -195,6 +209,8 @@ def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
              "Commitment = the CoC words after the routine part (4 clauses) name the scene's cause phrase and a phrase "
              "of its decision. ADE over 6.4 s (64 waypoints); the expert reads the target's KV cache after the full CoC, "
              "after a cut half-way through it, and after the prefill alone (the fallback).", "",
+             *(["Cause and decision right, by scene family:", "", *family_table(splits), ""]
+               if family_table(splits) else []),
              "## Drafts (greedy, exact acceptance)", "", *draft_table(splits), "",
              "tau = tokens per target forward (bonus included) of the greedy speculative loop over the target's own "
              "CoC, replayed from each draft's chain predictions; routine / commitment by the first token of a step. "

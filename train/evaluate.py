@@ -176,6 +176,10 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
            "commitment_acc": float(np.mean([c and d for c, d in right])),
            "coc_tokens": float(np.mean([len(t) for t in toks])),
            "ended": float(np.mean([tok.cot_end in t for t in toks]))}
+    fams = [scenes[e.index].family for e in exs]
+    out["families"] = {f: {"scenes": fams.count(f),
+                           "commitment_acc": float(np.mean([c and d for (c, d), g in zip(right, fams) if g == f]))}
+                       for f in sorted(set(fams))}
     out["ade"] = expert_ades(expert, target, teachers, exs, cfg.trajectory_samples)
     routine_ends = [t.first + metrics.routine_length(w) for t, w in zip(teachers, words)]
     out["drafts"] = {name: draft_numbers(d, teachers, tok, cfg.k, routine_ends) for name, d in drafts.items()}
