@@ -127,18 +127,25 @@ def rewards(target, expert, ex, scene, first: int, tokens, valid, tok, cfg: AARL
     return {k: torch.tensor(v) for k, v in out.items()}
 
 
+@torch.no_grad()
+def rollouts(draft, target, ex: data.Example, tok, cfg: AARLConfig):
+    """Target prefill, then `group` sampled draft chains -> (first token, prefix (1, T0+1),
+    features, image embeds, tokens (G, max_new_tokens)). Seed torch's RNG before calling."""
+    first, feats, embeds, T0 = prefill(target, ex, tuple(draft.cfg.feature_layers), torch.from_numpy(tok.traj_mask()))
+    prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
+    tokens, _ = chain(draft, prefix, feats, embeds, cfg.max_new_tokens, torch.from_numpy(tok.text_mask()),
+                      cfg.temperature, group=cfg.group)
+    return first, prefix, feats, embeds, tokens
+
+
 def aarl_step(policy, ref, target, expert, items, tok, cfg: AARLConfig, step: int):
     """items: [(Example, Scene)] of this step -> (loss, logs)."""
     text = torch.from_numpy(tok.text_mask())
     losses, logs = [], {}
     for ex, scene in items:
         torch.manual_seed(cfg.run.seed * 100_003 + step * 1009 + int(ex.index))
-        first, feats, embeds, T0 = prefill(target, ex, tuple(policy.cfg.feature_layers),
-                                           torch.from_numpy(tok.traj_mask()))
-        prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
+        first, prefix, feats, embeds, tokens = rollouts(policy, target, ex, tok, cfg)
         with torch.no_grad():
-            tokens, _ = chain(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature,
-                              group=cfg.group)
             _, ref_lp = chain(ref, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
         valid = valid_mask(tokens, tok.cot_end)
         _, lp = chain(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
@@ -163,13 +170,10 @@ def score_draft(draft, target, expert, items, tok, cfg: AARLConfig, seed: int = 
     training curve mixes in which scenes each step drew; this is the before/after measure.
     Returns the mean reward, its action part (-ADE / ade_scale - collision penalty), ADE,
     collision rate, agreement with the target and accepted length."""
-    text, banned = torch.from_numpy(tok.text_mask()), torch.from_numpy(tok.traj_mask())
     rows = []
     for ex, scene in items:
         torch.manual_seed(seed * 100_003 + int(ex.index))
-        first, feats, embeds, T0 = prefill(target, ex, tuple(draft.cfg.feature_layers), banned)
-        prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
-        tokens, _ = chain(draft, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, group=cfg.group)
+        first, _, _, _, tokens = rollouts(draft, target, ex, tok, cfg)
         sc = rewards(target, expert, ex, scene, first, tokens, valid_mask(tokens, tok.cot_end), tok, cfg)
         action = -sc["ade"] / cfg.ade_scale - cfg.collision_penalty * sc["collision"]
         rows.append({"reward": sc["r"].mean(), "action_reward": action.mean(), "ade": sc["ade"].mean(),

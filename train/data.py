@@ -157,7 +157,7 @@ def fact_key(scene) -> str:
 def balance_weights(keys, power: float) -> np.ndarray | None:
     """Sampling probabilities with p(item) proportional to count(its key) ** -power: 0 keeps
     the data's own frequencies (returns None: plain epochs), 1 draws every key equally often.
-    Rare facts (a yellow light is ~2% of the scenes) are then seen more than once an epoch."""
+    Rare facts (a yellow light is ~1.5% of the scenes) are then seen more than once an epoch."""
     if power == 0:
         return None
     keys = list(keys)
