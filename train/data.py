@@ -27,7 +27,7 @@ from models.action_expert import v0_from_history
 from prompt.layout import COMMITMENT, build_prompt
 from prompt.pixels import images_to_patches
 from prompt.positions import mrope_position_ids
-from train.metrics import cause_phrases, routine_length, split_commitment
+from train.metrics import cause_phrases, cause_words
 
 
 @dataclass
@@ -148,9 +148,7 @@ def fact_key(scene) -> str:
     """What a scene teaches about the world: its family, the facts its cause phrase states and
     the decision label. Wording is left out (the grammar variant is a coin flip): the cause is
     the first of its equivalent phrases in sort order."""
-    words = scene.coc.split()
-    cause, _ = split_commitment(words[routine_length(words):])
-    canonical = min(cause_phrases(scene.family, cause, getattr(scene, "routine_variant", 0)))
+    canonical = min(cause_phrases(scene.family, cause_words(scene), getattr(scene, "routine_variant", 0)))
     return " ".join([scene.family, *canonical, "->", scene.decision])
 
 

@@ -27,6 +27,12 @@ def split_commitment(words: list[str]) -> tuple[list[str], list[str]]:
     return words, []
 
 
+def cause_words(scene) -> list[str]:
+    """The cause phrase of the scene's own commitment (its ground-truth CoC)."""
+    words = scene.coc.split()
+    return split_commitment(words[routine_length(words):])[0]
+
+
 def commitment_correct(words: list[str], scene) -> tuple[bool, bool]:
     """(cause right, decision right) of generated CoC words against the scene's labels: the
     cause must say what the scene's cause phrase says, in either grammar variant (the variant
@@ -34,10 +40,8 @@ def commitment_correct(words: list[str], scene) -> tuple[bool, bool]:
     variant)."""
     from scenes.coc import ACTION
 
-    gt = scene.coc.split()
-    gt_cause, _ = split_commitment(gt[routine_length(gt):])
     cause, action = split_commitment(words[routine_length(words):])
-    causes = cause_phrases(scene.family, gt_cause, getattr(scene, "routine_variant", 0))
+    causes = cause_phrases(scene.family, cause_words(scene), getattr(scene, "routine_variant", 0))
     return cause in causes, action in [list(a) for a in ACTION[scene.decision]]
 
 

@@ -137,7 +137,8 @@ def load_examples(data_cfg, tok, vision, keys: bool = False):
         if data_cfg.max_scenes and i >= data_cfg.max_scenes:
             break
         out.append(data.encode_scene(scene, tok, vision, inverse_unicycle, index=i))
-        facts.append(data.fact_key(scene))
+        if keys:
+            facts.append(data.fact_key(scene))
     if not out:
         raise ValueError(f"no scenes of split {data_cfg.split!r} in {data_cfg.dir!r}; "
                          "generate them with `specdrive scenes generate`")

@@ -28,8 +28,9 @@ from torch import nn
 from models.config import load_preset
 from models.vision import VisionTower
 from prompt.config import ConfigError, to_dict
-from train import data, dist, loop, metrics
+from train import data, dist, loop
 from train.config import VisionConfig as VisionStageConfig
+from train.metrics import cause_words   # the cause phrase: what the cameras should show
 
 WEIGHTS = "vision.safetensors"
 
@@ -54,13 +55,6 @@ class Probe(nn.Module):
         x = merged + sum(deepstack) if deepstack else merged
         h = F.gelu(self.hidden(self.proj(x).view(B, -1)))
         return self.words(h), self.decisions(h)
-
-
-def cause_words(scene) -> list[str]:
-    """The cause phrase of the scene's commitment (what the cameras should show)."""
-    words = scene.coc.split()
-    cause, _ = metrics.split_commitment(words[metrics.routine_length(words):])
-    return cause
 
 
 def labels(scenes, word_index: dict, decisions: tuple) -> tuple[np.ndarray, np.ndarray]:
