@@ -42,6 +42,7 @@ from prompt.config import ConfigError
 DT = 0.1                 # s between waypoints (10 Hz), as the scenes' futures and Alpamayo-R1
 MAX_FREQ = 100.0         # Fourier features of the action input projection (upstream defaults)
 BETA_T_SCALE = 0.999     # training t = 0.999 (1 - Beta(1.5, 1)): more weight near the noise
+COMBINES = ("mean", "medoid")   # how sample() turns several draws into one trajectory
 
 
 def in_proj_shape(cfg: ExpertConfig) -> tuple[int, int, int]:
@@ -195,20 +196,25 @@ class ActionExpert(nn.Module):
     @torch.no_grad()
     def sample(self, target_cache: torch.Tensor, cache_len, v0: torch.Tensor,
                steps: int | None = None, *, rope_delta=0, noise: torch.Tensor | None = None,
-               generator: torch.Generator | None = None, samples: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+               generator: torch.Generator | None = None, samples: int = 1,
+               combine: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
         """Euler-integrate the flow from noise: returns (waypoints (B, W, 3) x, y, heading in the
         ego frame at t0, actions (B, W, A) physical). v0 (B,) m/s; B = len(v0).
 
         noise (B, W, A) gives the starting point explicitly; otherwise it is drawn from
         `generator` (same seed -> same trajectory).
 
-        samples > 1 integrates that many draws per scene as one batch and returns the mean of
-        their actions (and the waypoints of that mean): an estimate of the conditional mean,
-        which is what displacement error rewards. One draw is one sample of the distribution.
+        samples > 1 integrates that many draws per scene as one batch and combines them:
+        combine="mean" averages their actions (an estimate of the conditional mean, which is what
+        displacement error rewards, but two modes average into a path nobody drew);
+        combine="medoid" returns the draw whose waypoints are nearest (summed L2) to the others'.
         """
         v0 = torch.as_tensor(v0, dtype=torch.float32, device=self.action_std.device).reshape(-1)
+        if combine not in COMBINES:
+            raise ValueError(f"combine={combine!r}; choose one of {list(COMBINES)}")
         if samples > 1:
-            return self._sample_mean(target_cache, cache_len, v0, steps, rope_delta, noise, generator, samples)
+            return self._sample_many(target_cache, cache_len, v0, steps, rope_delta, noise, generator,
+                                     samples, combine)
         B, steps = v0.shape[0], steps or self.cfg.euler_steps
         shape = (B, self.cfg.n_waypoints, self.cfg.action_dim)
         x = torch.randn(shape, generator=generator, device=v0.device) if noise is None else noise.float()
@@ -220,8 +226,9 @@ class ActionExpert(nn.Module):
         actions = self.denormalize(x)
         return actions_to_waypoints(actions, v0), actions
 
-    def _sample_mean(self, cache, cache_len, v0, steps, rope_delta, noise, generator, samples: int):
-        """`samples` draws per scene (scene-major: rows b*S .. b*S+S-1), averaged in action space."""
+    def _sample_many(self, cache, cache_len, v0, steps, rope_delta, noise, generator, samples: int,
+                     combine: str):
+        """`samples` draws per scene (scene-major: rows b*S .. b*S+S-1), combined by `combine`."""
         if noise is not None:
             raise ValueError("noise fixes one draw per scene; it cannot be combined with samples > 1")
         B, S = v0.shape[0], samples
@@ -232,8 +239,13 @@ class ActionExpert(nn.Module):
             cache = cache.repeat_interleave(S, dim=2)
         _, actions = self.sample(cache, per_draw(cache_len), v0.repeat_interleave(S), steps,
                                  rope_delta=per_draw(rope_delta), generator=generator)
-        mean = actions.view(B, S, *actions.shape[1:]).mean(1)
-        return actions_to_waypoints(mean, v0), mean
+        draws = actions.view(B, S, *actions.shape[1:])                     # (B, S, W, A)
+        if combine == "mean":
+            pick = draws.mean(1)
+        else:   # medoid: argmin_s sum_s' |xy_s - xy_s'| over the flattened waypoints
+            xy = actions_to_waypoints(actions, v0.repeat_interleave(S))[..., :2].reshape(B, S, -1)
+            pick = draws[torch.arange(B), torch.cdist(xy, xy).sum(-1).argmin(-1)]
+        return actions_to_waypoints(pick, v0), pick
 
     def _check_actions(self, x: torch.Tensor) -> None:
         want = (self.cfg.n_waypoints, self.cfg.action_dim)

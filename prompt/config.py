@@ -7,6 +7,8 @@ in `__post_init__` and raises `ConfigError` with what is wrong and what is allow
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
 import typing
 from pathlib import Path
 
@@ -21,6 +23,10 @@ def check_choice(name: str, value, allowed) -> None:
 
 
 def check_range(name: str, value, lo=None, hi=None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name}={value!r} must be a number")
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={value!r} is not a finite number; give a finite value")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
         raise ConfigError(f"{name}={value!r} is out of range; allowed {bounds}")
@@ -39,15 +45,68 @@ def from_dict(cls, data: dict, where: str = ""):
     kwargs = {}
     for name, value in data.items():
         sub = hints.get(name)
-        if dataclasses.is_dataclass(sub) and isinstance(value, dict):
+        if dataclasses.is_dataclass(sub):
             value = from_dict(sub, value, f"{where}.{name}")
-        elif isinstance(value, list) and _is_tuple_hint(sub):
-            value = tuple(value)
+        else:
+            check_type(f"{where}.{name}", value, sub)
+            if isinstance(value, list) and _is_tuple_hint(sub):
+                value = tuple(value)
         kwargs[name] = value
     try:
         return cls(**kwargs)
     except TypeError as e:  # a missing required key
         raise ConfigError(f"{where}: {e}") from None
+
+
+def check_type(name: str, value, hint) -> None:
+    """Refuse a value of the wrong type for a field annotated `hint`: YAML's "false" is a string,
+    not a bool; 2.5 is not an int; a bool is not a number. Unknown hints are not checked."""
+    if not _fits(value, hint):
+        raise ConfigError(f"{name}={value!r} ({type(value).__name__}) must be {_type_name(hint)}")
+
+
+def check_types(obj) -> None:
+    """check_type on every field of dataclass `obj` (for __post_init__: direct construction is
+    held to the same types as YAML)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if not dataclasses.is_dataclass(hints.get(f.name)):
+            check_type(f"{type(obj).__name__}.{f.name}", getattr(obj, f.name), hints.get(f.name))
+
+
+def _fits(value, hint) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is tuple or hint is list or origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False
+        elem = args[0] if args and (len(args) == 1 or args[-1] is Ellipsis) else None
+        return elem is None or all(_fits(v, elem) for v in value)
+    return True
+
+
+def _type_name(hint) -> str:
+    if hint in (bool, int, float, str):
+        return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[hint]
+    if hint is type(None):
+        return "null"
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if hint is tuple or hint is list or typing.get_origin(hint) in (tuple, list):
+        args = typing.get_args(hint)
+        return f"a list of {_type_name(args[0])}" if args else "a list"
+    return str(hint)
 
 
 def _is_tuple_hint(hint) -> bool:

@@ -55,6 +55,21 @@ def encode_history(poses) -> np.ndarray:
     return bins.reshape(-1)
 
 
+def saturate_history(poses) -> tuple[np.ndarray, bool]:
+    """The history with every step clipped to what the bins hold, rebuilt from t0 backward, and
+    whether anything was clipped. A faster history (above ~31 m/s, highway speeds) then
+    tokenizes as the fastest the tokens can say instead of being refused; the exact speed
+    still reaches whoever reads the raw poses (the action expert's v0)."""
+    poses = _check(poses, (HIST_POSES, 3), "ego history").copy()
+    poses[:, 2] = np.unwrap(poses[:, 2])
+    # rounding carries at most half a bin into the next delta: stay 1.5 bins inside the range
+    limit = (HIST_BINS // 2 - 1.5) * HIST_STEP
+    deltas = poses[:-1] - poses[1:]                          # (15, 3): pose i minus pose i+1
+    clipped = np.clip(deltas, -limit, limit)
+    rebuilt = poses[-1] + np.cumsum(clipped[::-1], axis=0)[::-1]
+    return np.concatenate([rebuilt, poses[-1:]]), bool((clipped != deltas).any())
+
+
 def decode_history(bins) -> np.ndarray:
     """(48,) bins -> (16, 3) poses (inverse of encode_history up to half a bin)."""
     q = np.asarray(bins, dtype=np.int64).reshape(HIST_POSES, 3) - HIST_BINS // 2

@@ -61,6 +61,10 @@ class Backend(abc.ABC):
     # False for EAGLE-style drafts, whose accepted rows are re-fed with the target's features
     # (the loop then rolls the draft back to the rows it was fed from the accepted sequence).
     draft_keeps_proposals = True
+    # concurrent_action: two action() calls (the fallback beside the final trajectory) may run
+    # at once without slowing each other much (a GPU side stream). False on a CPU: the planner
+    # then never runs two expert batches at once.
+    concurrent_action = False
     vocab_size: int
     max_len: int                    # cache capacity in tokens
 
@@ -91,9 +95,11 @@ class Backend(abc.ABC):
         """One target pass over `tokens` at target row `start` -> readout per token."""
 
     @abc.abstractmethod
-    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int, samples: int = 1) -> np.ndarray:
+    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int, samples: int = 1,
+               steps: int | None = None, combine: str = "mean") -> np.ndarray:
         """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32;
-        samples > 1: the mean (in action space) of that many draws, integrated as one batch.
+        samples > 1 draws integrated as one batch, combined by `combine`: "mean" (in action
+        space) or "medoid" (the draw nearest the others); steps: Euler steps (None: the model's).
         Thread-safe against draft/verify calls that write rows >= start+len (the fallback
         trajectory runs in a worker beside the reasoning)."""
 

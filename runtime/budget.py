@@ -1,16 +1,21 @@
-"""The latency budget of one planning cycle.
+"""The latency budget of one planning cycle, and the cost model that predicts its worst cases.
 
 Stages: vision -> prefill -> reasoning (speculative steps) -> trajectory. With deadline D =
-cycle start + budget_ms, W(x) the predicted worst case of x (runtime.adaptive.CostModel) and
+cycle start + budget_ms, W(x) the predicted worst case of x (CostModel) and
 R = W(trajectory) + margin, the reasoning may take a step of draft length k only if
 
     now + W(step k) + R <= D                                          (checked before every step)
 
 and takes the largest k <= the wanted k that fits; when not even a plain step (k = 0) fits,
 reasoning is closed (<|cot_end|> forced) and the trajectory runs. Guarantee: if every step
-and the trajectory stay within their predicted worst cases, and vision + prefill + R <= budget,
-the trajectory is delivered by D - margin. When either premise fails the cycle is flagged
-(`worst_case_exceeded`, `miss`); it is never silent. The clock is injectable: tests use FakeClock.
+and the trajectory stay within their predicted worst cases, and vision + prefill + R <= budget
+(the premise, checked at warm-up and on every cycle), the trajectory is delivered by D - margin.
+When either fails the cycle is flagged (`worst_case_exceeded`, `budget_too_small`, `miss`);
+it is never silent. The clock is injectable: tests use FakeClock.
+
+Worst cases age: W(x) = factor x peak(x), where the peak is the largest time seen and, once
+per cycle, decays toward the running mean (peak <- mean + decay (peak - mean)). A slow
+trajectory stage therefore raises the reserve for a few cycles, never for good.
 """
 from __future__ import annotations
 
@@ -19,8 +24,11 @@ import threading
 import time
 from contextlib import contextmanager
 
-from runtime.adaptive import CostModel
+import numpy as np
+
 from runtime.config import BudgetConfig
+
+MEASURED_STAGES = ("vision", "prefill", "trajectory")
 
 
 def wall_ms() -> float:
@@ -43,6 +51,85 @@ class FakeClock:
             self.t += float(ms)
 
 
+class CostModel:
+    """Per-op costs in ms: a running mean (for speed) and an ageing peak (for worst cases).
+
+    Keys: "draft" (one draft step), ("verify", width), "vision", "prefill", "trajectory".
+    Unmeasured verify widths are extrapolated linearly from the measured ones."""
+
+    def __init__(self, cfg: BudgetConfig, ema: float = 0.2):
+        self.cfg, self.ema = cfg, ema
+        self.mean: dict = {}
+        self.peak: dict = {}
+
+    def observe(self, key, ms: float) -> None:
+        ms = float(ms)
+        old = self.mean.get(key)
+        self.mean[key] = ms if old is None else (1 - self.ema) * old + self.ema * ms
+        self.peak[key] = max(self.peak.get(key, ms), ms)
+
+    def age(self) -> None:
+        """Once per cycle: every peak moves toward its mean, peak <- mean + decay (peak - mean)."""
+        d = self.cfg.peak_decay
+        for key, peak in self.peak.items():
+            self.peak[key] = self.mean[key] + d * (peak - self.mean[key])
+
+    def reset(self) -> None:
+        """Forget every measurement (after a warm-up cycle): the priors apply again."""
+        self.mean.clear(), self.peak.clear()
+
+    def prior(self, key) -> float:
+        c = self.cfg
+        if isinstance(key, tuple) and key[0] == "verify":
+            return c.prior_verify_ms + c.prior_verify_per_token_ms * (key[1] - 1)
+        return {"draft": c.prior_draft_step_ms, "vision": c.prior_vision_ms,
+                "prefill": c.prior_prefill_ms, "trajectory": c.prior_trajectory_ms}[key]
+
+    def expected(self, key) -> float:
+        if key in self.mean:
+            return self.mean[key]
+        if isinstance(key, tuple):
+            return self._extrapolate(self.mean, key[1]) or self.prior(key)
+        return self.prior(key)
+
+    def worst(self, key) -> float:
+        """Predicted worst case: factor x the ageing peak, or the prior (itself a worst case)."""
+        f = self.cfg.worst_case_factor
+        if key in self.peak:
+            return f * self.peak[key]
+        if isinstance(key, tuple):
+            guess = self._extrapolate(self.peak, key[1])
+            return max(f * guess, self.prior(key)) if guess else self.prior(key)
+        return self.prior(key)
+
+    def step_worst(self, k: int, pending: int = 1) -> float:
+        return k * self.worst("draft") + self.worst(("verify", pending + k))
+
+    def step_expected(self, k: int, pending: int = 1) -> float:
+        return k * self.expected("draft") + self.expected(("verify", pending + k))
+
+    def premise(self, cfg: BudgetConfig) -> dict:
+        """W(vision) + W(prefill) + W(trajectory) + margin against the budget (ms)."""
+        need = sum(self.worst(s) for s in MEASURED_STAGES) + cfg.margin_ms
+        return {"need_ms": round(need, 3), "budget_ms": cfg.budget_ms,
+                "ok": (not cfg.enabled) or need <= cfg.budget_ms,
+                **{f"{s}_worst_ms": round(self.worst(s), 3) for s in MEASURED_STAGES}}
+
+    def _extrapolate(self, table: dict, width: int) -> float | None:
+        widths = sorted(w for key, w in ((k[0], k[1]) for k in table if isinstance(k, tuple)))
+        if not widths:
+            return None
+        if len(widths) == 1:
+            w0 = widths[0]
+            slope = self.cfg.prior_verify_per_token_ms
+        else:
+            xs = np.array(widths, float)
+            ys = np.array([table[("verify", w)] for w in widths])
+            slope = max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
+            w0 = min(widths, key=lambda w: abs(w - width))
+        return table[("verify", w0)] + slope * (width - w0)
+
+
 class CycleBudget:
     """Deadline bookkeeping of one cycle: stage timings, the step cap, flags."""
 
@@ -54,20 +141,24 @@ class CycleBudget:
         self.flags: list[str] = []
         self.cut = False
         self._step = None      # (time the last allowed step began, its predicted worst case)
+        if not costs.premise(cfg)["ok"]:
+            self.flag("budget_too_small")
 
     @contextmanager
-    def stage(self, name: str):
-        """Time a stage; its duration feeds the cost model (worst cases of later cycles)."""
+    def stage(self, name: str, measure: str | None = None):
+        """Time a stage; its duration feeds the cost model under `measure` (default: the stage's
+        own name when it is one of MEASURED_STAGES), the worst cases of later cycles."""
         t0 = self.clock()
         try:
             yield
         finally:
             ms = self.clock() - t0
             self.stages[name] = self.stages.get(name, 0.0) + ms
-            if name in ("vision", "prefill", "trajectory"):
-                predicted = self.costs.worst(name)
-                self.costs.observe(name, ms)
-                if name == "trajectory" and self.cfg.enabled and ms > predicted:
+            key = measure or (name if name in MEASURED_STAGES else None)
+            if key is not None:
+                predicted = self.costs.worst(key)
+                self.costs.observe(key, ms)
+                if key == "trajectory" and self.cfg.enabled and ms > predicted:
                     self.flag("worst_case_exceeded")
 
     def reserve_ms(self) -> float:
@@ -79,6 +170,11 @@ class CycleBudget:
 
     def trajectory_fits(self) -> bool:
         return self.left_ms() >= self.reserve_ms()
+
+    def wait_s(self, cap_ms: float) -> float:
+        """How long (s) a wait may block: until R before the deadline, at most cap_ms."""
+        left = self.left_ms() - self.reserve_ms() if self.cfg.enabled else cap_ms
+        return max(min(left, cap_ms), 0.0) / 1e3
 
     def cap(self, k: int, pending: int = 1) -> int | None:
         """Largest k' <= k with now + W(step k') + R <= D, or None: close the reasoning."""
@@ -109,13 +205,15 @@ class CycleBudget:
             self.flags.append(name)
 
     def finish(self) -> dict:
-        """Close the cycle: total, slack, miss flag. Returns the timing record."""
+        """Close the cycle: total, slack, miss flag; age the worst cases. Returns the timing record."""
         now = self.clock()
         total = now - self.start
         slack = self.deadline - now if self.cfg.enabled else None
         if self.cfg.enabled and now > self.deadline:
             self.flag("miss")
+        self.costs.age()
         return {"total_ms": round(total, 3), "budget_ms": self.cfg.budget_ms or None,
                 "slack_ms": None if slack is None else round(slack, 3),
                 "stages_ms": {k: round(v, 3) for k, v in self.stages.items()},
+                "unaccounted_ms": round(total - sum(self.stages.values()), 3),
                 "cut": self.cut}

@@ -1,7 +1,8 @@
 """Checks before a trajectory leaves, the comfortable stop, and ego-history sanity.
 
 Trajectories are (64, 3) waypoints (x forward, y left, heading) at 10 Hz in the ego frame at
-t0, starting after the origin. Finite differences with p[-1] = origin and v[-1] = v0:
+t0, starting after the origin. Finite differences with p[-1] = origin and v[-1] = |v0| (a
+negative v0 is a reversing ego: its direction of travel starts at pi, not 0):
     speed    v_i = |p_i - p_{i-1}| / dt
     accel    a_i = (v_i - v_{i-1}) / dt
     jerk     j_i = (a_i - a_{i-1}) / dt                       (i >= 1)
@@ -50,10 +51,10 @@ def kinematics(traj: np.ndarray, v0: float) -> dict[str, np.ndarray]:
     seg = np.diff(p, axis=0)                                  # (64, 2)
     ds = np.hypot(seg[:, 0], seg[:, 1])
     speed = ds / DT
-    accel = np.diff(np.concatenate([[v0], speed])) / DT
+    accel = np.diff(np.concatenate([[abs(v0)], speed])) / DT
     jerk = np.diff(accel) / DT
     psi = np.arctan2(seg[:, 1], seg[:, 0])
-    prev = np.concatenate([[0.0], psi[:-1]])
+    prev = np.concatenate([[0.0 if v0 >= 0 else np.pi], psi[:-1]])
     turn = np.angle(np.exp(1j * (psi - prev)))                # wrapped to (-pi, pi]
     curvature = np.where(ds > 0, turn / np.maximum(ds, 1e-9), 0.0)
     return {"speed": speed, "accel": accel, "jerk": jerk, "curvature": curvature}
@@ -68,7 +69,7 @@ def check_trajectory(traj, v0: float, cfg: CheckConfig) -> list[str]:
         return [f"trajectory has a non-finite value at index {np.argwhere(~np.isfinite(t))[0].tolist()}"]
     kin = kinematics(t, v0)
     moving = kin["speed"] >= cfg.curvature_min_speed
-    moving_prev = np.concatenate([[v0 >= cfg.curvature_min_speed], moving[:-1]])
+    moving_prev = np.concatenate([[abs(v0) >= cfg.curvature_min_speed], moving[:-1]])
     limits = (("speed", kin["speed"], cfg.max_speed, "m/s"),
               ("accel", kin["accel"], cfg.max_accel, "m/s^2"),
               ("jerk", kin["jerk"], cfg.max_jerk, "m/s^3"),
@@ -82,10 +83,11 @@ def check_trajectory(traj, v0: float, cfg: CheckConfig) -> list[str]:
 
 
 def comfortable_stop(v0: float, cfg: CheckConfig, a0: float = 0.0) -> np.ndarray:
-    """(64, 3) straight-ahead stop: the deceleration ramps from a0 to -stop_decel at a jerk of
-    stop_decel / 0.5 s, then holds until standstill; never backwards. Passes check_trajectory."""
+    """(64, 3) straight stop: the deceleration ramps from a0 to -stop_decel at a jerk of
+    stop_decel / 0.5 s, then holds until standstill; a reversing ego (v0 < 0) stops along -x,
+    never changing direction. Passes check_trajectory for |v0| <= max_speed."""
     jerk = cfg.stop_decel / 0.5
-    a, v, x = float(np.clip(a0, -cfg.stop_decel, 0.0)), max(float(v0), 0.0), 0.0
+    a, v, x = float(np.clip(a0, -cfg.stop_decel, 0.0)), abs(float(v0)), 0.0
     xs = np.zeros(N_WAYPOINTS)
     for i in range(N_WAYPOINTS):
         a = max(a - jerk * DT, -cfg.stop_decel) if v > 0 else 0.0
@@ -93,4 +95,5 @@ def comfortable_stop(v0: float, cfg: CheckConfig, a0: float = 0.0) -> np.ndarray
         x += 0.5 * (v + v_next) * DT
         v = v_next
         xs[i] = x
+    xs = xs if v0 >= 0 else -xs
     return np.stack([xs, np.zeros(N_WAYPOINTS), np.zeros(N_WAYPOINTS)], axis=1).astype(np.float32)

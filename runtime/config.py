@@ -8,12 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, check_choice, check_range, load_named
+from prompt.config import ConfigError, check_choice, check_range, check_types, load_named
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "planner"
 CAMERAS = ("front_wide", "front_tele", "cross_left", "cross_right")
 DECODING = ("greedy", "sample")
 TRAJECTORY_SOURCES = ("expert", "tokens")
+# worker: the prefill trajectory in a worker beside the reasoning (own CUDA stream);
+# inline: computed after the prefill, before the reasoning; on_failure: computed only when the
+# reasoning's trajectory is missing or fails its checks and its worst case fits the time left
+FALLBACKS = ("worker", "inline", "on_failure")
+COMBINES = ("mean", "medoid")
 K_MAX_LIMIT = 16
 
 
@@ -30,6 +35,7 @@ class SpecConfig:
     seed: int = 0                   # sampling RNG seed (per planner; each cycle draws from it)
 
     def __post_init__(self):
+        check_types(self)
         check_choice("spec.decoding", self.decoding, DECODING)
         check_range("spec.k_max", self.k_max, lo=1, hi=K_MAX_LIMIT)
         check_range("spec.k", self.k, lo=0, hi=self.k_max)
@@ -45,7 +51,9 @@ class SpecConfig:
 @dataclass
 class BudgetConfig:
     """Latency budget per cycle. budget_ms = 0 turns it off. Priors are worst-case costs (ms)
-    used until a stage has been measured; afterwards worst case = factor x the largest seen."""
+    used until a stage has been measured; afterwards worst case = factor x a peak that is the
+    largest time seen and, every cycle, decays toward the running mean by peak_decay (a one-off
+    slow stage ages out in a few cycles instead of locking the reasoning out)."""
     budget_ms: float = 0.0
     margin_ms: float = 5.0
     worst_case_factor: float = 1.5
@@ -55,13 +63,21 @@ class BudgetConfig:
     prior_verify_ms: float = 6.0            # verify of width 1 ...
     prior_verify_per_token_ms: float = 0.5  # ... plus this per extra token
     prior_trajectory_ms: float = 30.0
+    peak_decay: float = 0.8                 # per cycle: peak <- mean + decay (peak - mean)
 
     def __post_init__(self):
+        check_types(self)
         for name in ("budget_ms", "margin_ms", "prior_vision_ms", "prior_prefill_ms",
                      "prior_draft_step_ms", "prior_verify_ms", "prior_verify_per_token_ms",
                      "prior_trajectory_ms"):
             check_range(f"budget.{name}", getattr(self, name), lo=0.0)
         check_range("budget.worst_case_factor", self.worst_case_factor, lo=1.0)
+        check_range("budget.peak_decay", self.peak_decay, lo=0.0, hi=1.0)
+        floor = self.prior_vision_ms + self.prior_prefill_ms + self.margin_ms
+        if self.enabled and self.budget_ms < floor:
+            raise ConfigError(f"budget.budget_ms={self.budget_ms} is below vision + prefill + margin "
+                              f"by the profile's priors ({floor:g} ms): every cycle would miss; raise "
+                              "the budget (or lower the priors to measured worst cases)")
 
     @property
     def enabled(self) -> bool:
@@ -77,13 +93,18 @@ class CheckConfig:
     max_curvature: float = 0.3       # 1/m (turning radius >= 3.3 m)
     curvature_min_speed: float = 1.0  # m/s; below this curvature is not checked (heading is noise)
     stop_decel: float = 2.0          # m/s^2, the comfortable stop's deceleration
-    max_history_speed: float = 60.0  # m/s; an ego history faster than this is absurd
+    max_history_speed: float = 45.0  # m/s; an ego history faster than this is absurd (<= max_speed:
+                                     # the comfortable stop from that speed must pass the checks)
 
     def __post_init__(self):
+        check_types(self)
         for name in ("max_speed", "max_accel", "max_jerk", "max_curvature", "stop_decel",
                      "max_history_speed"):
             check_range(f"checks.{name}", getattr(self, name), lo=1e-6)
         check_range("checks.curvature_min_speed", self.curvature_min_speed, lo=0.0)
+        if self.max_history_speed > self.max_speed:
+            raise ConfigError(f"checks.max_history_speed={self.max_history_speed} must not exceed "
+                              f"checks.max_speed={self.max_speed} (a stop from that speed must pass the checks)")
         if self.stop_decel > self.max_accel:
             raise ConfigError(f"checks.stop_decel={self.stop_decel} must not exceed "
                               f"checks.max_accel={self.max_accel} (the stop must pass the checks)")
@@ -96,17 +117,26 @@ class PlannerConfig:
     checks: CheckConfig = field(default_factory=CheckConfig)
     max_reasoning_tokens: int = 64   # CoC tokens after <|cot_start|> (Alpamayo-R1 allows 256)
     trajectory: str = "expert"       # expert: action expert on the KV cache; tokens: 128 tokens
-    fallback_worker: bool = True     # prefill trajectory in a worker thread beside the reasoning
-    trajectory_samples: int = 1      # expert draws averaged (in action space) per trajectory: the
-                                     # conditional mean, lower displacement error; 1 = one draw
+    fallback: str = "worker"         # the prefill trajectory: worker | inline | on_failure (FALLBACKS)
+    trajectory_samples: int = 1      # expert draws per trajectory, combined by trajectory_combine
+    trajectory_combine: str = "mean"  # mean: of the draws in action space; medoid: the draw nearest
+                                      # the others (always a path the expert drew)
+    euler_steps: int | None = None   # the expert's Euler steps (None: the checkpoint's own)
+    max_len: int = 1024              # cache rows the backend allocates (prompt + reasoning + tail)
     cameras: tuple[str, ...] = CAMERAS
     image_hw: tuple[int, ...] = (64, 96)
     frames: int = 2
 
     def __post_init__(self):
+        check_types(self)
         check_range("max_reasoning_tokens", self.max_reasoning_tokens, lo=1, hi=4096)
         check_choice("trajectory", self.trajectory, TRAJECTORY_SOURCES)
         check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
+        check_choice("fallback", self.fallback, FALLBACKS)
+        check_choice("trajectory_combine", self.trajectory_combine, COMBINES)
+        if self.euler_steps is not None:
+            check_range("euler_steps", self.euler_steps, lo=1, hi=100)
+        check_range("max_len", self.max_len, lo=64, hi=1 << 20)
         if not self.cameras or len(set(self.cameras)) != len(self.cameras):
             raise ConfigError(f"cameras={list(self.cameras)!r} must be a non-empty list of distinct names")
         if len(self.image_hw) != 2 or min(self.image_hw) < 1:

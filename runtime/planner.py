@@ -3,14 +3,18 @@
     planner = Planner(backend, tokenizer, PlannerConfig(...))
     result = planner.plan(images, history)      # images (4, 2, H, W, 3) uint8 or {camera: (2, H, W, 3)}
 
-A cycle: check inputs -> vision -> prefill -> [fallback trajectory from the prefill cache, in a
-worker] -> reasoning (speculative, under the budget) -> <|cot_end|> <|traj_future_start|> ->
-trajectory (action expert, or 128 trajectory tokens) -> output checks -> result. Every failure
-ends in a result with an error or flags and, whenever the ego speed is known, a trajectory that
-passed the checks (reasoning's, else the prefill fallback, else a comfortable stop).
+A cycle: check inputs -> vision -> prefill -> [fallback trajectory from the prefill cache:
+in a worker beside the reasoning, inline, or only on failure] -> reasoning (speculative, under
+the budget) -> <|cot_end|> -> trajectory (action expert, or 128 trajectory tokens) -> output
+checks -> result. Every failure ends in a result with an error or flags and, whenever the ego
+speed is known, a trajectory that passed the checks (reasoning's, else the prefill fallback,
+else a comfortable stop). Every wait (the last cycle's fallback, a busy expert) is bounded and
+timed as a stage of its own. On a backend whose expert calls cannot overlap (CPU:
+`concurrent_action` False) one lock keeps two expert batches from running at once.
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,10 +22,11 @@ import numpy as np
 from prompt.config import ConfigError
 from prompt.layout import build_prompt
 from prompt.positions import mrope_position_ids
+from prompt.trajectory import saturate_history
 from runtime.acceptance import trajectory_range_ids
-from runtime.adaptive import AcceptanceRate, CostModel, StepPolicy
+from runtime.adaptive import AcceptanceRate, StepPolicy
 from runtime.backend import PrefillInputs
-from runtime.budget import CycleBudget, wall_ms
+from runtime.budget import CostModel, CycleBudget, wall_ms
 from runtime.checks import check_history, check_trajectory, comfortable_stop, ego_speed
 from runtime.config import PlannerConfig
 from runtime.cycle import CycleResult, InputError, check_images, future_from_tokens
@@ -46,25 +51,71 @@ class Planner:
         self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate()}
         self.rng = np.random.default_rng(spec.seed)
         self.range_ids = trajectory_range_ids(tokenizer)
-        self.executor = ThreadPoolExecutor(1, "fallback") if self.cfg.fallback_worker else None
+        self.executor = ThreadPoolExecutor(1, "fallback") if self.cfg.fallback == "worker" else None
+        self.expert_lock = None if backend.concurrent_action else threading.Lock()
         self.cycles = 0
         self.last_v0: float | None = None
         self.pending = None           # the last cycle's fallback (it reads the target cache)
+        self.premise: dict | None = None
 
-    def _drain_fallback(self) -> None:
-        """The next prefill overwrites the cache the last fallback may still read: wait for it."""
-        if self.pending is not None and hasattr(self.pending, "exception"):
-            self.pending.exception()
-        self.pending = None
+    def run_expert(self, *args, lock_timeout: float = -1):
+        """backend.action under the expert lock (when the backend cannot overlap two); a lock
+        not acquired within lock_timeout s raises TimeoutError."""
+        lock = self.expert_lock
+        if lock is None:
+            return self.backend.action(*args, **self.action_options())
+        if not lock.acquire(timeout=lock_timeout):
+            raise TimeoutError(f"the expert is busy (the fallback trajectory) after {lock_timeout:.3f} s")
+        try:
+            return self.backend.action(*args, **self.action_options())
+        finally:
+            lock.release()
 
-    def warmup(self, images, history, cycles: int = 1) -> None:
-        """Run cycles whose timings are then forgotten: first calls (allocation, lazy init,
-        CUDA graph capture) are not what the budget should plan for."""
+    def action_options(self) -> dict:
+        c = self.cfg
+        return {"samples": c.trajectory_samples, "steps": c.euler_steps, "combine": c.trajectory_combine}
+
+    def _drain_fallback(self, budget: CycleBudget, res: CycleResult) -> None:
+        """The next prefill overwrites the cache the last fallback reads: wait for it, at most one
+        trajectory's worst case (timed as the stage "fallback_wait"). A worker still busy then is
+        abandoned and replaced (flag fallback_stuck); one that failed unseen is flagged."""
+        job, self.pending = self.pending, None
+        if job is None or job.done() and job.exception() is None:
+            return
+        with budget.stage("fallback_wait"):
+            try:
+                err = job.exception(timeout=budget.wait_s(self.costs.worst("trajectory")))
+            except TimeoutError:
+                res.flags.append("fallback_stuck")
+                res.notes.append("the last cycle's fallback trajectory did not finish; its worker "
+                                 "was replaced")
+                self.executor.shutdown(wait=False, cancel_futures=True)
+                self.executor = ThreadPoolExecutor(1, "fallback")
+                self.expert_lock = None if self.expert_lock is None else threading.Lock()
+                return
+        if err is not None:
+            res.flags.append("fallback_failed")
+            res.notes.append(f"the last cycle's fallback trajectory failed: {err!r}")
+
+    def warmup(self, images, history, cycles: int = 1) -> dict:
+        """Run cycles whose timings are then forgotten (first calls: allocation, lazy init, CUDA
+        graph capture), then one measured cycle, and check the budget's premise
+        W(vision) + W(prefill) + W(trajectory) + margin <= budget on its timings (returned, and
+        kept in `self.premise`; a cycle that starts with it broken is flagged budget_too_small)."""
         for _ in range(cycles):
             self.plan(images, history, scene="warmup")
-        self._drain_fallback()
+        self._settle()
         self.costs.reset()
+        self.plan(images, history, scene="warmup")
+        self._settle()
+        self.premise = self.costs.premise(self.cfg.budget)
         self.cycles = 0
+        return self.premise
+
+    def _settle(self) -> None:
+        if self.pending is not None:
+            self.pending.exception()
+        self.pending = None
 
     def close(self) -> None:
         if self.executor is not None:
@@ -78,7 +129,7 @@ class Planner:
         budget = CycleBudget(self.cfg.budget, self.costs, self.clock)
         res = CycleResult(cycle=self.cycles, scene=scene)
         try:
-            self._drain_fallback()
+            self._drain_fallback(budget, res)
             images, v0 = self._check_inputs(images, history, res)
         except InputError as e:
             return self._fail_inputs(res, budget, str(e), "input_error")
@@ -89,7 +140,12 @@ class Planner:
             cycle.run(images, history)
         except Exception as e:
             return self._fail_inputs(res, budget, f"planner fault: {e!r}", "planner_error")
-        self.pending = cycle.fallback
+        finally:     # a running fallback the cycle never read: the next cycle waits for it
+            unread = not cycle.fallback_seen and hasattr(cycle.fallback, "done")
+            self.pending = cycle.fallback if unread else None
+        return self._finish(res, budget)
+
+    def _finish(self, res: CycleResult, budget: CycleBudget) -> CycleResult:
         res.timing = budget.finish()
         res.flags += [f for f in budget.flags if f not in res.flags]
         return res
@@ -106,8 +162,7 @@ class Planner:
         res.error, res.flags = error, res.flags + [flag]
         if self.last_v0 is not None:   # the ego speed is known (now or from the last cycle)
             res.trajectory, res.source = comfortable_stop(self.last_v0, self.cfg.checks), "stop"
-        res.timing = budget.finish()
-        return res
+        return self._finish(res, budget)
 
 
 class _Cycle:
@@ -117,6 +172,8 @@ class _Cycle:
         self.p, self.res, self.budget, self.v0, self.seed = planner, res, budget, v0, seed
         self.cfg, self.tok, self.be = planner.cfg, planner.tok, planner.backend
         self.fallback = None          # Future or ready (64, 3) array of the prefill trajectory
+        self.fallback_seen = False    # its result (or failure) was read by this cycle
+        self.prefilled = False        # rows [0, prompt_len) of the target cache are this cycle's
 
     def run(self, images, history) -> None:
         try:
@@ -124,6 +181,7 @@ class _Cycle:
             with self.budget.stage("vision"):
                 self.be.vision(images)
             state = self._prefill(inputs)
+            self.prefilled = True
         except InputError as e:
             self._deliver(None, error=str(e), flag="input_error")
             return
@@ -136,12 +194,27 @@ class _Cycle:
             if self._no_time_left():
                 self._deliver(None, flag="budget_exhausted")
                 return
-            with self.budget.stage("trajectory"):
-                traj = self._trajectory(state)
+            traj = self._final_trajectory(state)
+        except TimeoutError as e:     # the expert stayed busy with the fallback
+            self._deliver(None, error=str(e), flag="expert_busy")
+            return
         except Exception as e:
             self._deliver(None, error=f"reasoning or trajectory failed: {e!r}", flag="reasoning_failed")
             return
         self._deliver(traj)
+
+    def _final_trajectory(self, state: DecodeState) -> np.ndarray:
+        """The trajectory stage; on a backend whose expert calls cannot overlap, first wait (timed
+        as "expert_wait", bounded by the time left before the reserve) for a running fallback."""
+        if self.cfg.trajectory == "expert" and self.p.expert_lock is not None:
+            lock = self.p.expert_lock
+            with self.budget.stage("expert_wait"):
+                got = lock.acquire(timeout=self.budget.wait_s(self.p.costs.worst("trajectory") * 4))
+            if not got:
+                raise TimeoutError("the expert stayed busy with the fallback trajectory")
+            lock.release()
+        with self.budget.stage("trajectory"):
+            return self._trajectory(state)
 
     def _no_time_left(self) -> bool:
         """The final trajectory would end after the deadline but the prefill one is ready."""
@@ -153,9 +226,14 @@ class _Cycle:
         grid, merge = self.be.vision_grid(images.shape)
         n_tokens = [int(t * h * w) // merge**2 for t, h, w in grid]
         try:
-            prompt = build_prompt(self.tok, n_tokens, history)
+            tokenized, saturated = saturate_history(history)
+            prompt = build_prompt(self.tok, n_tokens, tokenized)
         except ValueError as e:
             raise InputError(f"ego history cannot be tokenized: {e}") from None
+        if saturated:
+            self.res.flags.append("history_saturated")
+            self.res.notes.append("the ego history moves faster than its tokens can say (~31 m/s, "
+                                  "1.2 rad/s): tokenized at that limit; the expert uses the exact speed")
         room = len(prompt.ids) + self.cfg.max_reasoning_tokens + self._reserve()
         if room > self.be.max_len:
             raise InputError(f"prompt of {len(prompt.ids)} tokens + {self.cfg.max_reasoning_tokens} "
@@ -172,15 +250,19 @@ class _Cycle:
             row = self.be.prefill(inputs, rule.readout)
         return DecodeState.after_prefill(inputs.ids, rule.first(row))
 
-    def _start_fallback(self) -> None:
-        """Expert on the cache right after prefill (rows [0, T)), beside the reasoning."""
+    def _start_fallback(self, now: bool = False) -> None:
+        """Expert on the cache right after prefill (rows [0, T)): submitted to the worker, or run
+        here (inline, or `now` when on_failure needs it; timed as a trajectory stage)."""
+        if self.cfg.fallback == "on_failure" and not now:
+            return
         args = (np.zeros(0, np.int64), self.prompt_len, self.v0, self.seed)
         try:
-            if self.p.executor is not None:
-                self.fallback = self.p.executor.submit(self.be.action, *args, samples=self.cfg.trajectory_samples)
+            if self.p.executor is not None and not now:
+                self.fallback = self.p.executor.submit(self.p.run_expert, *args)
             else:
-                with self.budget.stage("fallback"):
-                    self.fallback = self.be.action(*args, samples=self.cfg.trajectory_samples)
+                with self.budget.stage("fallback", measure="trajectory"):
+                    self.fallback = self.p.run_expert(*args, lock_timeout=self.budget.wait_s(
+                        self.p.costs.worst("trajectory")))
         except Exception as e:
             self.res.flags.append("fallback_failed")
             self.res.notes.append(f"fallback: {e!r}")
@@ -231,7 +313,7 @@ class _Cycle:
         reasoning text alone, so speculative and plain decoding deliver the same waypoints."""
         if self.cfg.trajectory == "expert":
             coc = np.asarray(state.seq[self.prompt_len:], np.int64)
-            return self.be.action(coc, self.prompt_len, self.v0, self.seed, samples=self.cfg.trajectory_samples)
+            return self.p.run_expert(coc, self.prompt_len, self.v0, self.seed)
         state.force([self.tok.traj_future_start])
         xy = np.zeros((2, len(self.tok)), bool)                        # x bin, y bin, x bin, ...
         xy[0, self.tok.fut_x_ids.start:self.tok.fut_x_ids.stop] = True
@@ -252,25 +334,38 @@ class _Cycle:
             res.error = error
         if traj is not None:
             res.checks = check_trajectory(traj, self.v0, checks)
-            if not res.checks:
-                res.trajectory, res.source = np.asarray(traj, np.float32), "reasoning"
+            if not res.checks:   # the reasoning closed by itself, or was cut (budget, length)
+                res.trajectory = np.asarray(traj, np.float32)
+                res.source = "reasoning" if res.stop_reason == "stop" else "cut_reasoning"
                 return
             res.flags.append("check_failed")
         res.flags.append("fallback")
+        if self.fallback is None and self.prefilled and self.cfg.fallback == "on_failure":
+            self._fallback_on_failure()
         fb = self._fallback_result()
         if fb is not None and not check_trajectory(fb, self.v0, checks):
             res.trajectory, res.source = np.asarray(fb, np.float32), "prefill"
             return
         res.trajectory, res.source = comfortable_stop(self.v0, checks), "stop"
 
+    def _fallback_on_failure(self) -> None:
+        """The prefill trajectory now, if its worst case fits before the deadline - margin."""
+        budget = self.budget
+        if budget.cfg.enabled and budget.left_ms() < budget.reserve_ms():
+            self.res.flags.append("no_time_for_fallback")
+            return
+        self._start_fallback(now=True)
+
     def _fallback_result(self):
+        self.fallback_seen = True
         if self.fallback is None or isinstance(self.fallback, np.ndarray):
             return self.fallback
-        timeout = None
-        if self.cfg.budget.enabled:
-            timeout = max(self.budget.left_ms() - self.cfg.budget.margin_ms, 0.0) / 1e3
+        # bounded even without a budget: a stuck worker must not hold the cycle
+        cap = 4 * self.p.costs.worst("trajectory")
+        timeout = max(self.budget.left_ms() - self.cfg.budget.margin_ms, 0.0) if self.cfg.budget.enabled else cap
         try:
-            return self.fallback.result(timeout=timeout)
+            with self.budget.stage("fallback_wait"):
+                return self.fallback.result(timeout=timeout / 1e3)
         except Exception as e:        # timed out or failed: the comfortable stop follows
             self.res.notes.append(f"fallback: {e!r}")
             return None

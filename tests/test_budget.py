@@ -25,12 +25,12 @@ def budget_cfg(budget_ms, factor=1.0, margin=5.0):
                         prior_verify_ms=4.5, prior_verify_per_token_ms=0.5, prior_trajectory_ms=15)
 
 
-def planner(budget: BudgetConfig, costs=COSTS, k=4, adaptive=False, stop_slope=0.0, fallback_worker=True):
+def planner(budget: BudgetConfig, costs=COSTS, k=4, adaptive=False, stop_slope=0.0, fallback="worker"):
     clock = FakeClock()
     be = TableBackend(len(TOK), max_len=1024, draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=stop_slope,
                       clock=clock, costs=costs)
     cfg = PlannerConfig(spec=SpecConfig(k=k, adaptive=adaptive), budget=budget, max_reasoning_tokens=200,
-                        fallback_worker=fallback_worker)
+                        fallback=fallback)
     return Planner(be, TOK, cfg, clock=clock), be, clock
 
 
@@ -97,11 +97,11 @@ def test_vision_and_prefill_over_budget_still_deliver_a_flagged_trajectory():
 def test_with_no_time_left_for_the_final_trajectory_the_prefill_one_leaves():
     """Inline fallback (15 ms) after vision + prefill: at 45 ms the final trajectory (15 ms +
     5 ms margin) would end after 55; the ready prefill trajectory leaves at 45, no miss."""
-    p, be, _ = planner(budget_cfg(55.0), fallback_worker=False)
+    p, be, _ = planner(budget_cfg(55.0), fallback="inline")
     res = p.plan(IMAGES, HISTORY)
     assert res.source == "prefill" and "budget_exhausted" in res.flags and "miss" not in res.flags
     assert res.timing["total_ms"] == 45.0 and be.calls["action"] == 1
-    p, be, _ = planner(budget_cfg(40.0), fallback_worker=False)   # even that is late: flagged
+    p, be, _ = planner(budget_cfg(40.0), fallback="inline")   # even that is late: flagged
     res = p.plan(IMAGES, HISTORY)
     assert res.source == "prefill" and {"budget_exhausted", "miss"} <= set(res.flags)
 

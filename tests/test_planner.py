@@ -90,8 +90,8 @@ class Faulty(TableBackend):
         if op == self.fail_op and self.calls[op] == self.fail_at:
             raise RuntimeError(f"injected {op} failure")
 
-    def action(self, tokens, start, v0, seed, samples=1):
-        traj = super().action(tokens, start, v0, seed, samples)
+    def action(self, tokens, start, v0, seed, **options):
+        traj = super().action(tokens, start, v0, seed, **options)
         return traj * np.nan if (self.final_nan and len(tokens)) else traj
 
 
@@ -123,7 +123,7 @@ def test_a_nan_trajectory_is_replaced_by_the_prefill_one():
 
 def test_without_a_usable_fallback_the_car_stops():
     Faulty.fail_op, Faulty.fail_at, Faulty.final_nan = "action", 1, True   # fallback raises, final NaN
-    p, _ = make(Faulty, fallback_worker=False)   # inline fallback: the 1st action call
+    p, _ = make(Faulty, fallback="inline")   # inline fallback: the 1st action call
     res = p.plan(IMAGES, HISTORY)
     assert "fallback_failed" in res.flags and "check_failed" in res.flags
     assert_delivered(res, "stop")

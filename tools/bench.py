@@ -198,7 +198,7 @@ def run(args) -> int:
     record["setup"] = {"source": source, "backend": plain.name, "device": args.device,
                        "profile": str(args.profile), "command": command_line(args),
                        **{k: v for k, v in vars(cfg).items()}, "threads": args.threads,
-                       "fallback_worker": False, "decoding": "greedy",
+                       "fallback": profile.fallback, "decoding": "greedy",
                        "gc": "collected before, disabled inside every timed cycle"}
     write_outputs(args, record)
     return 0

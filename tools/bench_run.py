@@ -103,9 +103,9 @@ def make_modes(draft_backends: dict, plain_backend, cfg: BenchConfig, clock=wall
 
 
 def mode_config(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> PlannerConfig:
-    """The profile with this mode's k, greedy decoding, the bench's budget, no fallback thread
-    (a second thread would share the cores with the timed decode phase). Adaptive k starts from
-    the profile's k (4 if the profile says plain) and stays <= its k_max."""
+    """The profile with this mode's k, greedy decoding and the bench's budget; the fallback as
+    the profile says (the cycle users run). Adaptive k starts from the profile's k (4 if the
+    profile says plain) and stays <= its k_max."""
     s = base.spec
     if mode.adaptive:
         k, k_max = (s.k or min(4, s.k_max)), s.k_max
@@ -113,7 +113,7 @@ def mode_config(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> PlannerCon
         k, k_max = mode.k, max(s.k_max, mode.k)
     spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=k, k_max=k_max, adaptive=mode.adaptive)
     budget = dataclasses.replace(base.budget, budget_ms=cfg.budget_ms)
-    changes = {"spec": spec, "budget": budget, "fallback_worker": False}
+    changes = {"spec": spec, "budget": budget}
     if cfg.max_reasoning_tokens is not None:
         changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
     return dataclasses.replace(base, **changes)

@@ -223,7 +223,7 @@ def runtime_check(cfg: EvalConfig, tok, drafts: list[str], reasoning_ids: list) 
         be = load_backend("torch", tokenizer=tok, checkpoints={"target": planner_dir / "target",
                           "expert": planner_dir / "expert", "draft": _draft_path(cfg.planner, name)})
         spec = SpecConfig(k=cfg.k, k_max=cfg.k, adaptive=False)
-        planner = Planner(be, tok, PlannerConfig(spec=spec, fallback_worker=False,
+        planner = Planner(be, tok, PlannerConfig(spec=spec, fallback="inline",
                                                  max_reasoning_tokens=cfg.max_new_tokens,
                                                  trajectory_samples=cfg.trajectory_samples))
         emitted = steps = same = 0

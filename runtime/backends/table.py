@@ -102,7 +102,8 @@ class TableBackend(Backend):
         self._check_room(start, len(tokens))
         return self._read(self._forward(self.cache, self.W, tokens, start, None), readout, start + 1)
 
-    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1) -> np.ndarray:
+    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
+               steps: int | None = None, combine: str = "mean") -> np.ndarray:
         self._tick("action")
         tokens = np.asarray(tokens, dtype=np.int64)
         if len(tokens):
@@ -110,7 +111,8 @@ class TableBackend(Backend):
             self._forward(self.cache, self.W, tokens, start, None)
         ctx = self.cache[:start + len(tokens)].mean(axis=0)
         noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * N_WAYPOINTS))
-        u = np.tanh(ctx @ self.act_proj + noise).mean(0).reshape(N_WAYPOINTS, 2)
+        draws = np.tanh(ctx @ self.act_proj + noise)                       # (samples, 128)
+        u = (draws.mean(0) if combine == "mean" else medoid(draws)).reshape(N_WAYPOINTS, 2)
         return integrate_actions(u[:, 0] * 1.5, u[:, 1] * 0.02, v0)
 
     # --- internals -------------------------------------------------------------------------
@@ -150,6 +152,12 @@ class TableBackend(Backend):
         if self.clock is None or cost is None or threading.current_thread() is not threading.main_thread():
             return
         self.clock.advance(cost(width) if callable(cost) else cost * (width if op == "draft" else 1))
+
+
+def medoid(draws: np.ndarray) -> np.ndarray:
+    """(S, D) draws -> the draw with the least summed distance to the others."""
+    dist = np.linalg.norm(draws[:, None] - draws[None], axis=-1).sum(1)
+    return draws[int(np.argmin(dist))]
 
 
 def integrate_actions(accel: np.ndarray, curvature: np.ndarray, v0: float) -> np.ndarray:

@@ -64,6 +64,7 @@ class TorchBackend(Backend):
         if static or (self.device.type == "cuda" and not eager):
             self.graphs = StaticRunner(self, capture=self.device.type == "cuda" and not eager)
         self.side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.concurrent_action = self.side_stream is not None    # the fallback on its own stream
 
     # --- vision and prefill ------------------------------------------------------------------
     def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
@@ -136,7 +137,8 @@ class TorchBackend(Backend):
             self.feats[start:start + ids.shape[1]] = feats
         return self._read(logits[0], readout, start + 1)
 
-    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1) -> np.ndarray:
+    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
+               steps: int | None = None, combine: str = "mean") -> np.ndarray:
         stream = torch.cuda.stream(self.side_stream) if self.side_stream is not None else contextlib.nullcontext()
         with torch.no_grad(), stream:
             if self.side_stream is not None:   # after the cache writes queued so far
@@ -148,7 +150,8 @@ class TorchBackend(Backend):
                 self.target(ids, *self._text_rope(start, n), self.cache, start)
             g = torch.Generator(self.device).manual_seed(int(seed))
             wp, _ = self.expert.sample(self.cache, start + n, torch.tensor([float(v0)], device=self.device),
-                                       rope_delta=self.delta, generator=g, samples=samples)
+                                       steps, rope_delta=self.delta, generator=g, samples=samples,
+                                       combine=combine)
             out = wp[0].float().cpu().numpy()
         return out
 
