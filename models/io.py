@@ -27,7 +27,7 @@ import safetensors.torch
 import torch
 
 import models.config as config_module  # config classes live there and only there
-from prompt.config import from_dict, to_dict
+from prompt.config import ConfigError, from_dict, to_dict
 
 FORMAT = "specdrive-checkpoint"
 FORMAT_VERSION = 1
@@ -37,8 +37,9 @@ _RESERVED = {"format", "format_version", "kind", "config", "config_class", "dtyp
              "versions", "created_by", "created_at"}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be trusted; the message names the file, tensor and expectation."""
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be trusted; the message names the file, tensor and expectation.
+    A ConfigError: the command lines exit 2 with the message, no traceback."""
 
 
 def save(path, modules: Mapping, config, meta: Mapping) -> Path:

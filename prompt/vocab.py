@@ -11,6 +11,7 @@ Text is words separated by single spaces; "," is a word. Saved as JSON, never pi
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -110,6 +111,12 @@ class Tokenizer:
     def to_json(self) -> dict:
         return {"format": FORMAT, "special": list(SPECIAL), "hist_bins": HIST_BINS,
                 "fut_x_bins": FUT_X_BINS, "fut_y_bins": FUT_Y_BINS, "words": self.words}
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the vocabulary in id order: a checkpoint records the one it was trained with,
+        so a tokenizer.json with the same words in another order is refused, not misread."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")

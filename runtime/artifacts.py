@@ -76,10 +76,21 @@ def find_checkpoints(folder: Path, draft: str | None = None) -> dict[str, Path]:
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:
+    """DIR/tokenizer.json, checked against the fingerprint every checkpoint of DIR recorded
+    (meta.json "tokenizer_sha256"): ids only mean words in the order a model was trained on."""
     file = Path(folder) / "tokenizer.json"
     if not file.is_file():
         raise ConfigError(f"{folder}: no tokenizer.json beside the checkpoints")
-    return Tokenizer.load(file)
+    tok = Tokenizer.load(file)
+    for cand in [Path(folder), *sorted(p for p in Path(folder).iterdir() if p.is_dir())]:
+        if not (cand / "meta.json").is_file():
+            continue
+        want = read_meta(cand).get("tokenizer_sha256")
+        if want is not None and want != tok.fingerprint:
+            raise ConfigError(f"{file} (sha256 {tok.fingerprint[:12]}...) is not the tokenizer {cand} was "
+                              f"trained with (sha256 {str(want)[:12]}...): its ids would mean other "
+                              "words; use the tokenizer.json that came with the checkpoint")
+    return tok
 
 
 def open_backend(args, cfg, default_tokenizer=None):

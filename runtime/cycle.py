@@ -1,6 +1,7 @@
 """What one cycle takes in and gives back: input checks and the result record."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -54,12 +55,13 @@ class CycleResult:
     cycle: int
     scene: str | None = None
     trajectory: np.ndarray | None = None   # (64, 3) float32 that passed the checks, or None
-    source: str = "none"                   # reasoning | prefill | stop | none
+    source: str = "none"                   # reasoning | cut_reasoning | prefill | stop | none
     flags: list = field(default_factory=list)
     error: str | None = None
     reasoning: str = ""
     reasoning_ids: list = field(default_factory=list)
     stop_reason: str = ""
+    prompt_len: int = 0                    # prompt tokens (the reasoning starts at this cache row)
     checks: list = field(default_factory=list)   # problems of the reasoning trajectory, if any
     decode: dict = field(default_factory=dict)
     timing: dict = field(default_factory=dict)
@@ -71,9 +73,22 @@ class CycleResult:
         return self.source == "reasoning" and not self.flags and self.error is None
 
     def to_json(self) -> dict:
+        """A plain dict that is strict JSON: non-finite numbers become null."""
         traj = None if self.trajectory is None else np.round(self.trajectory.astype(float), 4).tolist()
-        return {"cycle": self.cycle, "scene": self.scene, "ok": self.ok, "source": self.source,
+        return finite({"cycle": self.cycle, "scene": self.scene, "ok": self.ok, "source": self.source,
                 "flags": list(self.flags), "error": self.error, "reasoning": self.reasoning,
                 "reasoning_ids": [int(i) for i in self.reasoning_ids], "stop_reason": self.stop_reason,
+                "prompt_len": self.prompt_len,
                 "checks": list(self.checks), "decode": self.decode, "timing": self.timing,
-                "notes": list(self.notes), "trajectory": traj}
+                "notes": list(self.notes), "trajectory": traj})
+
+
+def finite(obj):
+    """obj with every float that is NaN or +-inf replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj

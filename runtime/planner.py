@@ -33,6 +33,7 @@ from runtime.cycle import CycleResult, InputError, check_images, future_from_tok
 from runtime.loop import DecodeState, DecodeStats, GreedyRule, RelaxedRule, SamplingRule, decode
 
 FUTURE_TOKENS = 128
+WAIT_FLOOR_MS = 50.0
 
 
 class Planner:
@@ -71,20 +72,26 @@ class Planner:
         finally:
             lock.release()
 
+    def wait_cap_ms(self) -> float:
+        """The longest any wait on the expert may block (ms), budget or not: a few trajectories'
+        worst case, at least WAIT_FLOOR_MS (thread wake-ups on a loaded machine). With a budget
+        the deadline bounds it further (CycleBudget.wait_s)."""
+        return max(4 * self.costs.worst("trajectory"), WAIT_FLOOR_MS)
+
     def action_options(self) -> dict:
         c = self.cfg
         return {"samples": c.trajectory_samples, "steps": c.euler_steps, "combine": c.trajectory_combine}
 
     def _drain_fallback(self, budget: CycleBudget, res: CycleResult) -> None:
-        """The next prefill overwrites the cache the last fallback reads: wait for it, at most one
-        trajectory's worst case (timed as the stage "fallback_wait"). A worker still busy then is
+        """The next prefill overwrites the cache the last fallback reads: wait for it, at most
+        wait_cap_ms (timed as the stage "fallback_wait"). A worker still busy then is
         abandoned and replaced (flag fallback_stuck); one that failed unseen is flagged."""
         job, self.pending = self.pending, None
         if job is None or job.done() and job.exception() is None:
             return
         with budget.stage("fallback_wait"):
             try:
-                err = job.exception(timeout=budget.wait_s(self.costs.worst("trajectory")))
+                err = job.exception(timeout=budget.wait_s(self.wait_cap_ms()))
             except TimeoutError:
                 res.flags.append("fallback_stuck")
                 res.notes.append("the last cycle's fallback trajectory did not finish; its worker "
@@ -209,7 +216,7 @@ class _Cycle:
         if self.cfg.trajectory == "expert" and self.p.expert_lock is not None:
             lock = self.p.expert_lock
             with self.budget.stage("expert_wait"):
-                got = lock.acquire(timeout=self.budget.wait_s(self.p.costs.worst("trajectory") * 4))
+                got = lock.acquire(timeout=self.budget.wait_s(self.p.wait_cap_ms()))
             if not got:
                 raise TimeoutError("the expert stayed busy with the fallback trajectory")
             lock.release()
@@ -240,7 +247,7 @@ class _Cycle:
                              f"reasoning + trajectory tokens needs {room} cache rows; the backend "
                              f"has {self.be.max_len}")
         pos, delta = mrope_position_ids(prompt.ids, grid, merge, self.tok.image_pad, self.tok.vision_start)
-        self.prompt_len = len(prompt.ids)
+        self.prompt_len = self.res.prompt_len = len(prompt.ids)
         return PrefillInputs(prompt.ids, pos, delta, prompt.image_spans)
 
     def _prefill(self, inputs: PrefillInputs) -> DecodeState:
@@ -261,8 +268,7 @@ class _Cycle:
                 self.fallback = self.p.executor.submit(self.p.run_expert, *args)
             else:
                 with self.budget.stage("fallback", measure="trajectory"):
-                    self.fallback = self.p.run_expert(*args, lock_timeout=self.budget.wait_s(
-                        self.p.costs.worst("trajectory")))
+                    self.fallback = self.p.run_expert(*args, lock_timeout=self.budget.wait_s(self.p.wait_cap_ms()))
         except Exception as e:
             self.res.flags.append("fallback_failed")
             self.res.notes.append(f"fallback: {e!r}")
@@ -361,7 +367,7 @@ class _Cycle:
         if self.fallback is None or isinstance(self.fallback, np.ndarray):
             return self.fallback
         # bounded even without a budget: a stuck worker must not hold the cycle
-        cap = 4 * self.p.costs.worst("trajectory")
+        cap = self.p.wait_cap_ms()
         timeout = max(self.budget.left_ms() - self.cfg.budget.margin_ms, 0.0) if self.cfg.budget.enabled else cap
         try:
             with self.budget.stage("fallback_wait"):

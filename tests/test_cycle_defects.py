@@ -85,8 +85,8 @@ def test_a_stuck_fallback_worker_holds_the_next_cycle_only_a_bounded_time():
     took = time.perf_counter() - t0
     assert took < 1.0, took
     assert "fallback_stuck" in res.flags and res.trajectory is not None
-    # the wait (at most one trajectory's worst case) is a stage of its own
-    assert 0.0 < res.timing["stages_ms"]["fallback_wait"] <= p.costs.worst("trajectory") / 0.8 + 5.0
+    # the wait (at most Planner.wait_cap_ms, 50 ms here) is a stage of its own
+    assert 45.0 <= res.timing["stages_ms"]["fallback_wait"] <= 500.0
     be.worker_sleep = 0.0
     p.close()
 

@@ -177,7 +177,8 @@ def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
     for i in range(cfg.scenes):
         s = make_scene(cfg.seed + i, split=cfg.split)
         out.append(BenchScene(f"seed{cfg.seed + i}", s.family, np.asarray(s.images),
-                              np.asarray(s.history, np.float32), int(sum(s.coc_routine))))
+                              np.asarray(s.history, np.float32), int(sum(s.coc_routine)),
+                              np.asarray(s.future, np.float32)))
     return out
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from tools import accept_map
 
 HEADER = (f"{'mode':<26} {'tau':>5} {'k':>4} {'c':>6} {'tok/s':>7} {'speedup (min-max)':>18} "
-          f"{'ideal':>6} {'eff':>5} {'same':>7} {'vision':>7} {'prefill':>7} {'cycle p50/p99/max ms':>22} "
-          f"{'miss':>4}")
+          f"{'ideal':>6} {'eff':>5} {'same':>7} {'vision':>7} {'prefill':>7} {'traj':>7} "
+          f"{'cycle p50/p99/max ms':>22} {'cycle x':>8} {'ADE m':>6} {'miss':>4}")
 
 
 def table(record: dict) -> str:
@@ -22,7 +22,9 @@ def table(record: dict) -> str:
                  _num(m.get("ideal_speedup"), 6, 2), _pct(m.get("efficiency")),
                  f"{ident['equal']}/{ident['scenes']}".rjust(7),
                  f"{m['vision_ms']['p50']:>7.1f}", f"{m['prefill_ms']['p50']:>7.1f}",
+                 f"{m['trajectory_ms']['p50']:>7.1f}",
                  f"{cyc['p50']:.0f}/{cyc['p99']:.0f}/{cyc['max']:.0f}".rjust(22),
+                 f"{m['cycle_speedup']['p50']:>7.2f}x", _num(m.get("ade_m"), 6, 3),
                  f"{m['deadline_misses']:>4}"]
         lines.append(" ".join(cells))
     lines += [m["note"] for m in record["modes"] if m.get("note")]
@@ -32,16 +34,18 @@ def table(record: dict) -> str:
 def markdown_table(record: dict) -> str:
     """The same numbers as a Markdown table (docs/bench.md, the README)."""
     rows = ["| mode | tau | mean k | c | tokens/s | decode speedup (min-max) | ideal | efficiency "
-            "| same reasoning | trajectory max diff | cycle p50 / p99 ms | limited by |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| same reasoning | trajectory max diff | cycle p50 / p99 ms | cycle speedup (min-max) "
+            "| ADE m | limited by |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in record["modes"]:
-        sp = m["decode_speedup"]
+        sp, cs = m["decode_speedup"], m["cycle_speedup"]
         rows.append(f"| {m['name']} | {m['tau']:.2f} | {m.get('k_mean', 0):.1f} | {_num(m.get('c'), 0, 3)} "
                     f"| {m['tokens_per_s']['median']:.0f} | {sp['all']:.2f}x ({sp['min']:.2f}-{sp['max']:.2f}) "
                     f"| {_num(m.get('ideal_speedup'), 0, 2)} | {_pct(m.get('efficiency')).strip()} "
                     f"| {m['identical']['equal']}/{m['identical']['scenes']} "
                     f"| {_num(m.get('trajectory_max_diff_m'), 0, 3)} m "
                     f"| {m['cycle_ms']['p50']:.0f} / {m['cycle_ms']['p99']:.0f} "
+                    f"| {cs['p50']:.2f}x ({cs['min']:.2f}-{cs['max']:.2f}) | {_num(m.get('ade_m'), 0, 3)} "
                     f"| {m.get('factors', {}).get('limited_by', '-')} |")
     return "\n".join(rows)
 

@@ -50,6 +50,7 @@ class BenchConfig:
     def __post_init__(self):
         check_range("scenes", self.scenes, lo=1)
         check_range("repeats", self.repeats, lo=1)
+        check_range("seed", self.seed, lo=0)
         check_range("warmup", self.warmup, lo=0)
         if not self.ks and not self.adaptive:
             raise ConfigError("no speculative mode: give at least one k (--ks) or keep adaptive k")
@@ -76,6 +77,7 @@ class BenchScene:
     images: np.ndarray          # (4, 2, H, W, 3) uint8
     history: np.ndarray         # (16, 3)
     n_routine: int              # routine words in the scene's own CoC (scenes/coc.py)
+    future: np.ndarray | None = None   # (64, 3) the expert planner's future (ADE), if known
 
 
 @dataclass
@@ -157,13 +159,29 @@ def summarize(modes, scenes, cycles: dict, tok, cfg: BenchConfig) -> dict:
         raise RuntimeError("plain decoding made no decode step: nothing to compare against")
     t1 = float(np.mean(t1_calls))
     records = {m.name: _records(cycles[m.name], scenes, tok) for m in modes}
-    out = [_mode_summary(m, cycles[m.name], plain, t1, cfg) for m in modes]
+    out = [_mode_summary(m, cycles[m.name], plain, t1, cfg, scenes) for m in modes]
     where = {m.name: accept_map.where_accepted(_by_family(records[m.name], scenes)) for m in modes[1:]}
     return {"schema": SCHEMA, "target_step_ms": round(t1, 4), "modes": out, "where_accepted": where,
             "cycles": _cycle_log(modes, cycles, records, scenes, tok)}
 
 
-def _mode_summary(m: Mode, mine: list[Cycle], plain: list[Cycle], t1: float, cfg: BenchConfig) -> dict:
+def cycle_speedup(plain_rep: list, per_rep: list) -> dict:
+    """Whole-cycle speedup: plain's cycle p50 over this mode's, pooled and per repeat."""
+    def p50(cycles):
+        return float(np.median([c.res.timing.get("total_ms", 0.0) for c in cycles]))
+    pooled = p50([c for rep in plain_rep for c in rep]) / p50([c for rep in per_rep for c in rep])
+    return {"p50": round(pooled, 4), **spread(p50(a) / p50(b) for a, b in zip(plain_rep, per_rep))}
+
+
+def _ade(mine: list[Cycle], scenes) -> float | None:
+    """Mean displacement error (m, 6.4 s) of the delivered trajectories against the scenes' futures."""
+    errs = [float(np.linalg.norm(c.res.trajectory[:, :2] - scenes[c.scene].future[:, :2], axis=-1).mean())
+            for c in mine if c.res.trajectory is not None and scenes[c.scene].future is not None]
+    return round(float(np.mean(errs)), 4) if errs else None
+
+
+def _mode_summary(m: Mode, mine: list[Cycle], plain: list[Cycle], t1: float, cfg: BenchConfig,
+                  scenes) -> dict:
     per_rep = [[c for c in mine if c.repeat == r] for r in range(cfg.repeats)]
     plain_rep = [[c for c in plain if c.repeat == r] for r in range(cfg.repeats)]
     ms = [sum(_stage(c, "reasoning") for c in rep) for rep in per_rep]
@@ -182,6 +200,9 @@ def _mode_summary(m: Mode, mine: list[Cycle], plain: list[Cycle], t1: float, cfg
            "vision_ms": latency(_stage(c, "vision") for c in mine),
            "prefill_ms": latency(_stage(c, "prefill") for c in mine),
            "cycle_ms": latency(c.res.timing.get("total_ms", 0.0) for c in mine),
+           "cycle_speedup": cycle_speedup(plain_rep, per_rep),
+           "trajectory_ms": latency(_stage(c, "trajectory") for c in mine),
+           "ade_m": _ade(mine, scenes),
            "deadline_misses": sum(_missed(c, cfg) for c in mine),
            "budget_cuts": sum("budget_cut" in c.res.flags for c in mine),
            "errors": sum(c.res.error is not None for c in mine),

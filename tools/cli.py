@@ -23,6 +23,7 @@ def _subcommands():
         "demo": "tools.demo:add_parser",
         "train": "train.cli:add_parser",
         "bench": "tools.bench:add_parser",
+        "trajectory-cost": "tools.trajectory_cost:add_parser",
     }
 
 

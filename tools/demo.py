@@ -45,6 +45,8 @@ def run(args) -> int:
 
     if args.cycles < 1:
         raise UsageError(f"--cycles={args.cycles} must be >= 1")
+    if args.seed < 0:
+        raise UsageError(f"--seed={args.seed} must be >= 0 (scene seeds are non-negative)")
     pictures = draw_scenes(args.out / "scenes", args.seed)
     print(f"scene pictures: {', '.join(str(p) for p in pictures)}", flush=True)
     if shipped_ready(args.checkpoint):

@@ -20,7 +20,7 @@ from prompt.config import ConfigError
 from runtime.artifacts import open_backend
 from runtime.config import DECODING, TRAJECTORY_SOURCES, load_planner_config
 from runtime.planner import Planner
-from runtime.report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
+from tools.report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
 from tools.sources import default_tokenizer, scene_source
 
 
@@ -83,6 +83,10 @@ def run(args) -> int:
                           "trained models come with --checkpoint DIR")
     if args.scenes is not None and args.scenes < 1:
         raise ConfigError(f"--scenes={args.scenes} must be >= 1")
+    if args.seed < 0:
+        raise ConfigError(f"--seed={args.seed} must be >= 0 (scene seeds are non-negative)")
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder (it is created if missing)")
     backend, tok = open_backend(args, cfg, default_tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)
@@ -93,7 +97,11 @@ def run(args) -> int:
             print(TABLE_HEADER, flush=True)
         for i, scene in enumerate(scene_source(args, tok)):
             if i == 0 and args.warmup:
-                planner.warmup(scene.images, scene.history, args.warmup)
+                premise = planner.warmup(scene.images, scene.history, args.warmup)
+                if not premise["ok"]:
+                    print(f"WARNING: the budget ({premise['budget_ms']:g} ms) cannot hold vision + prefill "
+                          f"+ trajectory + margin at their measured worst cases ({premise['need_ms']:.0f} ms): "
+                          "cycles are flagged budget_too_small and may miss", flush=True)
             res = planner.plan(scene.images, scene.history, scene=scene.name)
             log.write({**res.to_json(), "expert": _rounded(scene.future), "family": scene.family})
             results.append(res)
@@ -105,16 +113,20 @@ def run(args) -> int:
         log.close()
         planner.close()
     summary = summarize(results)
+    summary["budget_premise"] = planner.premise
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary), flush=True)
     return 0
+
+
+SOURCES = ("reasoning", "cut_reasoning", "prefill", "stop", "none")   # what made each trajectory
 
 
 def summarize(results) -> dict:
     taus = [r.decode.get("tau", 0.0) for r in results if r.decode.get("steps")]
     count = lambda flag: sum(flag in r.flags for r in results)  # noqa: E731
     return {"cycles": len(results), "ok": sum(r.ok for r in results),
-            "sources": {s: sum(r.source == s for r in results) for s in ("reasoning", "prefill", "stop", "none")},
+            "sources": {s: sum(r.source == s for r in results) for s in SOURCES},
             "errors": sum(r.error is not None for r in results),
             "misses": count("miss"), "budget_cuts": count("budget_cut"),
             "mean_tau": round(float(np.mean(taus)), 3) if taus else None}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
 from scenes import coc, dataset, world
 

@@ -272,6 +272,7 @@ def create(tokenizer, preset: str | None = None, seed: int = 0, checkpoints: dic
     None (the draft that comes with them), "self", "none", or a draft checkpoint folder."""
     if (preset is None) == (checkpoints is None):
         raise ConfigError("torch backend: give exactly one of preset (random weights) or checkpoints")
+    check_device(device)
     if preset is not None:
         cfg = with_tokenizer(load_preset(preset), tokenizer)
         torch.manual_seed(seed)
@@ -290,6 +291,21 @@ def create(tokenizer, preset: str | None = None, seed: int = 0, checkpoints: dic
         raise ConfigError("the checkpoint has no draft (meta.json kind 'draft'); pass --draft DIR, "
                           "--draft self or --draft none")
     return TorchBackend(cfg, target, expert, model, kind, device, max_len, eager, static)
+
+
+def check_device(device: str) -> None:
+    """A torch device this machine has, or a ConfigError saying what is allowed."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: the torch backend runs on cpu or cuda[:N]")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device!r}: torch {torch.__version__} sees no CUDA GPU here "
+                          f"(CUDA build: {torch.version.cuda or 'none'}); use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _static_layer(blk, x, cos, sin, cache, rows, mask):

@@ -1,6 +1,6 @@
 """What `specdrive plan` leaves behind: one JSON line per cycle, a live table, bird's-eye SVGs.
 
-Pictures are SVG written with the standard library (the runtime imports no plotting library):
+Pictures are SVG written with the standard library (no plotting library needed):
 ego frame, x forward drawn upwards, the predicted trajectory, the expert's (when known), the
 ego history, and the reasoning text underneath.
 """
@@ -12,7 +12,7 @@ from xml.sax.saxutils import escape
 
 import numpy as np
 
-TABLE_HEADER = (f"{'cycle':>5} {'source':>9} {'tau':>5} {'k':>4} {'vision':>7} {'prefill':>7} "
+TABLE_HEADER = (f"{'cycle':>5} {'source':>13} {'tau':>5} {'k':>4} {'vision':>7} {'prefill':>7} "
                 f"{'reason':>7} {'traj':>7} {'slack':>7}  reasoning / flags")
 
 
@@ -22,7 +22,7 @@ def table_row(res, width: int = 60) -> str:
     ks = res.decode.get("ks") or [0]
     slack = res.timing.get("slack_ms")
     text = res.reasoning if not res.flags else f"[{','.join(res.flags)}] {res.error or res.reasoning}"
-    cells = [f"{res.cycle:>5}", f"{res.source:>9}", f"{res.decode.get('tau', 0):>5.2f}",
+    cells = [f"{res.cycle:>5}", f"{res.source:>13}", f"{res.decode.get('tau', 0):>5.2f}",
              f"{np.mean(ks):>4.1f}"]
     cells += [f"{st.get(s, 0.0):>7.1f}" for s in ("vision", "prefill", "reasoning", "trajectory")]
     cells.append(f"{'-' if slack is None else f'{slack:.1f}':>7}")
@@ -36,7 +36,8 @@ class JsonLog:
         self.f = open(path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self.f.write(json.dumps(record, sort_keys=True) + "\n")
+        """Strict JSON (RFC 8259): a NaN or inf would raise here, never reach the file."""
+        self.f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
         self.f.flush()
 
     def close(self) -> None:

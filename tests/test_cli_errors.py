@@ -1,0 +1,131 @@
+"""Bad artifacts and arguments end `specdrive plan` with exit status 2 and one line naming what
+is wrong, never a traceback (issue 16, defect 5), and a tokenizer.json that is not the one the
+checkpoint was trained with is refused (defect 6). In-process: tools.cli.main."""
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from tools.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "checkpoints" / "tiny"
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    """A copy of the shipped planner folder (target, expert, the flat draft, tokenizer)."""
+    dst = tmp_path / "tiny"
+    dst.mkdir()
+    shutil.copy(SHIPPED / "tokenizer.json", dst)
+    for sub in ("target", "expert", "draft-flat"):
+        shutil.copytree(SHIPPED / sub, dst / sub)
+    return dst
+
+
+def rewrite(folder: Path, module: str, data: bytes) -> None:
+    """Replace a module file and make meta.json agree with it (size, sha256): only the content
+    itself is then wrong."""
+    file = folder / f"{module}.safetensors"
+    file.write_bytes(data)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["modules"][module].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def resave(folder: Path, module: str, change) -> None:
+    tensors = load_file(str(folder / f"{module}.safetensors"))
+    change(tensors)
+    tmp = folder / "tmp.safetensors"
+    save_file(tensors, str(tmp))
+    data = tmp.read_bytes()
+    tmp.unlink()
+    rewrite(folder, module, data)
+
+
+def first_key(tensors, part="weight"):
+    return next(k for k in sorted(tensors) if part in k and tensors[k].ndim == 2)
+
+
+def corrupt(ckpt: Path, how: str) -> None:
+    target = ckpt / "target"
+    file = target / "target.safetensors"
+    data = file.read_bytes()
+    if how == "truncated":
+        file.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        file.write_bytes(b"")
+    elif how == "flipped":
+        b = bytearray(data)
+        b[len(b) // 2] ^= 0x40
+        file.write_bytes(bytes(b))
+    elif how == "pickle":
+        rewrite(target, "target", b"\x80\x04\x95" + b"\x00" * 64 + b"cos\nsystem\n.")
+    elif how == "shape":
+        resave(target, "target", lambda t: t.__setitem__(first_key(t), t[first_key(t)][:, :-1].copy()))
+    elif how == "fp16":
+        resave(target, "target", lambda t: t.update({k: v.astype(np.float16) for k, v in t.items()}))
+    elif how == "missing":
+        resave(target, "target", lambda t: t.pop(first_key(t)))
+
+
+def plan(*args):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *args])
+    return e.value.code
+
+
+@pytest.mark.parametrize("how,word", [
+    ("truncated", "truncated"), ("empty", "truncated"), ("flipped", "sha256"),
+    ("pickle", "target.safetensors"), ("shape", "shape"), ("fp16", "float16"), ("missing", "missing tensor"),
+])
+def test_a_corrupt_checkpoint_exits_2_naming_the_file(ckpt, tmp_path, capsys, how, word):
+    corrupt(ckpt, how)
+    code = plan("--checkpoint", str(ckpt), "--scenes", "1", "--out", str(tmp_path / "o"), "--quiet")
+    err = capsys.readouterr().err
+    assert code == 2 and word in err and "Traceback" not in err, err
+
+
+def test_a_draft_that_is_not_a_draft_exits_2(ckpt, tmp_path, capsys):
+    code = plan("--checkpoint", str(ckpt), "--draft", str(ckpt / "target"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "kind" in capsys.readouterr().err
+
+
+def test_a_reordered_tokenizer_is_refused(ckpt, tmp_path, capsys):
+    """Before: the same words in another order ran and reasoned gibberish."""
+    data = json.loads((ckpt / "tokenizer.json").read_text())
+    data["words"][3], data["words"][4] = data["words"][4], data["words"][3]
+    (ckpt / "tokenizer.json").write_text(json.dumps(data))
+    code = plan("--checkpoint", str(ckpt), "--out", str(tmp_path / "o"))
+    assert code == 2 and "is not the tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("yaml_text,word", [("budget: null", "expected a mapping"),
+                                            ("spec: null", "expected a mapping")])
+def test_null_sections_of_a_profile_exit_2(tmp_path, capsys, yaml_text, word):
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml_text + "\n")
+    code = plan("--preset", "tiny", "--random-init", "0", "--backend", "table", "--profile", str(profile),
+                "--out", str(tmp_path / "o"))
+    assert code == 2 and word in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,word", [
+    (["--seed", "-1"], "--seed=-1"),
+    (["--device", "foo"], "not a torch device"),
+    (["--device", "cuda:7"] if __import__("torch").cuda.is_available() else ["--device", "cuda"], "cuda"),
+])
+def test_bad_arguments_exit_2(tmp_path, capsys, args, word):
+    code = plan("--preset", "tiny", "--random-init", "0", *args, "--out", str(tmp_path / "o"))
+    err = capsys.readouterr().err
+    assert code == 2 and word in err and "Traceback" not in err, err
+
+
+def test_out_pointing_at_a_file_exits_2(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    code = plan("--preset", "tiny", "--random-init", "0", "--backend", "table", "--out", str(tmp_path / "f"))
+    assert code == 2 and "is a file" in capsys.readouterr().err
