@@ -61,22 +61,25 @@ class CostModel:
         self.cfg, self.ema = cfg, ema
         self.mean: dict = {}
         self.peak: dict = {}
+        self._fits: dict = {}      # (table name, width) -> extrapolation; cleared on every change
 
     def observe(self, key, ms: float) -> None:
         ms = float(ms)
         old = self.mean.get(key)
         self.mean[key] = ms if old is None else (1 - self.ema) * old + self.ema * ms
         self.peak[key] = max(self.peak.get(key, ms), ms)
+        self._fits.clear()
 
     def age(self) -> None:
         """Once per cycle: every peak moves toward its mean, peak <- mean + decay (peak - mean)."""
         d = self.cfg.peak_decay
         for key, peak in self.peak.items():
             self.peak[key] = self.mean[key] + d * (peak - self.mean[key])
+        self._fits.clear()
 
     def reset(self) -> None:
         """Forget every measurement (after a warm-up cycle): the priors apply again."""
-        self.mean.clear(), self.peak.clear()
+        self.mean.clear(), self.peak.clear(), self._fits.clear()
 
     def prior(self, key) -> float:
         c = self.cfg
@@ -89,7 +92,7 @@ class CostModel:
         if key in self.mean:
             return self.mean[key]
         if isinstance(key, tuple):
-            return self._extrapolate(self.mean, key[1]) or self.prior(key)
+            return self._extrapolate("mean", key[1]) or self.prior(key)
         return self.prior(key)
 
     def worst(self, key) -> float:
@@ -98,7 +101,7 @@ class CostModel:
         if key in self.peak:
             return f * self.peak[key]
         if isinstance(key, tuple):
-            guess = self._extrapolate(self.peak, key[1])
+            guess = self._extrapolate("peak", key[1])
             return max(f * guess, self.prior(key)) if guess else self.prior(key)
         return self.prior(key)
 
@@ -115,7 +118,14 @@ class CostModel:
                 "ok": (not cfg.enabled) or need <= cfg.budget_ms,
                 **{f"{s}_worst_ms": round(self.worst(s), 3) for s in MEASURED_STAGES}}
 
-    def _extrapolate(self, table: dict, width: int) -> float | None:
+    def _extrapolate(self, name: str, width: int) -> float | None:
+        """The verify cost of `width` from the measured widths of table `name` (memoized: the
+        adaptive policy asks for every k before every step)."""
+        if (name, width) not in self._fits:
+            self._fits[(name, width)] = self._fit(getattr(self, name), width)
+        return self._fits[(name, width)]
+
+    def _fit(self, table: dict, width: int) -> float | None:
         widths = sorted(w for key, w in ((k[0], k[1]) for k in table if isinstance(k, tuple)))
         if not widths:
             return None

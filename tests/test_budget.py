@@ -56,6 +56,7 @@ def test_reasoning_is_cut_exactly_when_the_next_step_would_not_fit(monkeypatch):
     p, be, clock = planner(budget_cfg(100.0))
     res = p.plan(IMAGES, HISTORY)
     assert "budget_cut" in res.flags and "miss" not in res.flags and res.trajectory is not None
+    assert res.source == "cut_reasoning"          # not "reasoning": the text was closed early
     allowed, cut = log.rows[:-1], log.rows[-1]
     for now, k, got, worst, deadline, reserve, pending in allowed:
         assert now + worst + reserve <= deadline                       # every step fitted

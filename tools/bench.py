@@ -17,7 +17,6 @@ Drafts of a checkpoint folder are found by their meta.json (kind "draft"), never
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from runtime.artifacts import load_tokenizer, read_meta, scan_checkpoints
 from runtime.backend import load_backend
 from runtime.config import load_planner_config
 from tools import bench_report
+from tools.threads import torch_threads
 from tools.bench_run import BenchConfig, BenchScene, machine_info, make_modes, run_bench
 
 MAX_LEN = 1024
@@ -212,21 +212,6 @@ def command_line(args) -> str:
         argv = sys.argv[1:]
         argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
     return " ".join(["specdrive bench", *argv])
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """torch's CPU threads = n inside the block (0: leave as is), restored after it."""
-    if not n:
-        yield
-        return
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def write_outputs(args, record: dict) -> None:

@@ -22,6 +22,7 @@ from runtime.config import DECODING, TRAJECTORY_SOURCES, load_planner_config
 from runtime.planner import Planner
 from tools.report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
 from tools.sources import default_tokenizer, scene_source
+from tools.threads import torch_threads
 
 
 def add_parser(subparsers) -> None:
@@ -48,6 +49,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--split", default="test", help="split of the synthetic scenes or the dataset")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steady on a "
+                   "shared CPU, see tools/threads.py; 0 = torch's default)")
     p.add_argument("--warmup", type=int, default=1, help="unlogged warm-up cycles on the first scene "
                    "(first-call costs are not what the budget plans for)")
     p.add_argument("--pictures", type=int, default=8, help="bird's-eye SVGs for the first N cycles")
@@ -87,9 +90,22 @@ def run(args) -> int:
         raise ConfigError(f"--seed={args.seed} must be >= 0 (scene seeds are non-negative)")
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder (it is created if missing)")
+    if args.threads < 0:
+        raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
     backend, tok = open_backend(args, cfg, default_tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)
+    with torch_threads(args.threads):
+        results = run_cycles(args, planner, tok)
+    summary = summarize(results)
+    summary["budget_premise"] = planner.premise
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def run_cycles(args, planner: Planner, tok) -> list:
+    """Warm-up, then one logged (and drawn) cycle per scene -> the results."""
     log = JsonLog(args.out / "cycles.jsonl")
     results = []
     try:
@@ -112,11 +128,7 @@ def run(args) -> int:
     finally:
         log.close()
         planner.close()
-    summary = summarize(results)
-    summary["budget_premise"] = planner.premise
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary), flush=True)
-    return 0
+    return results
 
 
 SOURCES = ("reasoning", "cut_reasoning", "prefill", "stop", "none")   # what made each trajectory
