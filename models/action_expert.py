@@ -11,7 +11,8 @@ x0 ~ N(0, I) noise and x1 the normalised actions; the network predicts the veloc
 sampling integrates dx/dt = v(x_t, t) from t = 0 (noise) to 1 with `euler_steps` Euler steps.
 
 Attention: the 64 action tokens are non-causal among themselves and see the target's cache
-rows [0, cache_len) in every layer (rows past cache_len are never read). The expert projects
+rows [0, cache_len) in every layer: keys are all max_len cache rows under a mask (rows past
+cache_len are masked), so the shapes are static and nothing is read back from the device. The expert projects
 its queries, keys and values into the target's kv_heads x head_dim; its own K/V are joined to
 the cache rows per call and never written into the target's cache, which the reasoning may
 still be writing (the fallback trajectory runs beside it). Positions continue the target's
@@ -126,27 +127,22 @@ class ActionExpert(nn.Module):
         """x (B, W, action_dim) noisy normalised actions at times t (B,) -> velocity (B, W, A).
 
         target_cache (layers, 2, Bc, kv_heads, max_len, head_dim), Bc = B or 1 (shared prompt);
-        cache_len int, or (B,) lengths (then row j of scene b is read iff j < cache_len[b]).
+        cache_len: a host int, or (B,) host lengths (row j of scene b is read iff j < cache_len[b]).
+        Keys are all max_len cache rows under that mask, then the W action rows: static shapes.
         """
         B = x.shape[0]
-        longest, mask = self._check_cache(target_cache, cache_len, B)
-        ctx = target_cache[:, :, :, :, :longest].expand(-1, -1, B, -1, -1, -1)
+        mask = self._cache_mask(target_cache, cache_len, B)
+        ctx = target_cache.expand(-1, -1, B, -1, -1, -1)
         h = self.action_in_proj(x, t)
         for blk, layer_ctx in zip(self.layers, ctx):
-            h = self._layer(blk, h, layer_ctx.to(h.dtype), cos, sin, mask)
+            q, k, v = blk.qkv(h, cos, sin)
+            k, v = torch.cat([layer_ctx[0].to(k.dtype), k], 2), torch.cat([layer_ctx[1].to(v.dtype), v], 2)
+            h = blk.finish(h, attend(q, k, v, mask))
         return self.action_out_proj(self.norm(h))
 
-    @staticmethod
-    def _layer(blk: DecoderBlock, x, ctx, cos, sin, mask) -> torch.Tensor:
-        """The Qwen decoder layer with keys/values = [target rows, own rows]; non-causal: every
-        action token sees every (valid) cache row and every other action token."""
-        q, k, v = blk.self_attn.qkv(blk.input_layernorm(x), cos, sin)
-        k, v = torch.cat([ctx[0], k], dim=2), torch.cat([ctx[1], v], dim=2)
-        x = x + blk.self_attn.o_proj(attend(q, k, v, mask))
-        return x + blk.mlp(blk.post_attention_layernorm(x))
-
-    def _check_cache(self, cache: torch.Tensor, cache_len, batch: int):
-        """Validate; return (rows to read, bool mask (B, 1, 1, rows + W) or None if all valid)."""
+    def _cache_mask(self, cache: torch.Tensor, cache_len, batch: int) -> torch.Tensor:
+        """Validate (on the host); bool mask (B or 1, 1, 1, max_len + W): valid cache rows, then
+        every action row (non-causal among the waypoints)."""
         llm = self.llm
         want = (llm.layers, 2, llm.kv_heads, llm.head_dim)
         got = (cache.shape[0], cache.shape[1], cache.shape[3], cache.shape[5]) if cache.dim() == 6 else None
@@ -155,15 +151,14 @@ class ActionExpert(nn.Module):
                              f"2, B, kv_heads={want[2]}, max_len, head_dim={want[3]})")
         if cache.shape[2] not in (1, batch):
             raise ValueError(f"target_cache batch {cache.shape[2]} must be 1 or the expert batch {batch}")
-        lens = torch.as_tensor(cache_len, device=cache.device).reshape(-1)
-        if lens.numel() not in (1, batch) or lens.min() < 0 or lens.max() > cache.shape[4]:
-            raise ValueError(f"cache_len={cache_len} must be an int or ({batch},) lengths in "
-                             f"[0, max_len={cache.shape[4]}]")
-        longest = int(lens.max())
-        if lens.numel() == 1 or bool((lens == longest).all()):
-            return longest, None
-        rows = torch.arange(longest + self.cfg.n_waypoints, device=cache.device)
-        return longest, ((rows < lens[:, None]) | (rows >= longest))[:, None, None]
+        lens = torch.as_tensor(cache_len).reshape(-1)
+        max_len = cache.shape[4]
+        if lens.device.type != "cpu" or lens.numel() not in (1, batch) or lens.min() < 0 or lens.max() > max_len:
+            raise ValueError(f"cache_len={cache_len} must be a host int or ({batch},) host lengths in "
+                             f"[0, max_len={max_len}]")
+        keys = torch.arange(max_len + self.cfg.n_waypoints, device=cache.device)
+        lens = lens.to(cache.device)
+        return ((keys < lens[:, None]) | (keys >= max_len))[:, None, None]
 
     def normalize(self, actions: torch.Tensor) -> torch.Tensor:
         return (actions - self.action_mean) / self.action_std

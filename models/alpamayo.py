@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from models.action_expert import DT, MAX_FREQ, ActionExpert, expert_llm, in_proj_shape
 from models.config import DraftConfig, ExpertConfig, ModelConfig
 from models.hf import PATCH_KEY, hf_shapes, to_hf_name, config_from_hf, hf_config
+from models.io import check_names
 from models.target import Target
 
 UPSTREAM = ("NVlabs/alpamayo", "1cba38cabffb4b4416dbdd312c868e21ccd57394")
@@ -102,7 +103,7 @@ def from_alpamayo(tensors: dict[str, torch.Tensor], cfg: ModelConfig, dtype=torc
     """{upstream name: tensor} -> (Target, ActionExpert); refuses missing, unexpected or
     mis-shaped tensors with their names and expected shapes."""
     expected = expected_shapes(cfg)
-    _check(expected, tensors)
+    check_names(expected, tensors, "Alpamayo-R1 checkpoint")
     target = Target(cfg.target).to(dtype)
     tstate = {}
     for k in target.state_dict():
@@ -121,18 +122,6 @@ def from_alpamayo(tensors: dict[str, torch.Tensor], cfg: ModelConfig, dtype=torc
         estate[f"action_{stat}"] = torch.stack([tensors[f"action_space.{n}_{stat}"] for n in SPACE])
     expert.load_state_dict(estate, strict=True)
     return target, expert
-
-
-def _check(expected: dict, got: dict) -> None:
-    missing = [f"{k} (expected shape {expected[k]})" for k in expected if k not in got]
-    unexpected = sorted(set(got) - set(expected))
-    shaped = [f"{k}: file {tuple(got[k].shape)}, expected {expected[k]}"
-              for k in expected if k in got and tuple(got[k].shape) != tuple(expected[k])]
-    problems = [f"{label} ({len(v)}): " + "; ".join(v[:6]) + (" ..." if len(v) > 6 else "")
-                for label, v in (("missing tensors", missing), ("unexpected tensors", unexpected),
-                                 ("mis-shaped tensors", shaped)) if v]
-    if problems:
-        raise ValueError("Alpamayo-R1 checkpoint does not match its config:\n  " + "\n  ".join(problems))
 
 
 def model_config(alpamayo: dict, vlm: dict) -> ModelConfig:
@@ -259,4 +248,4 @@ def _read_shards(path: Path) -> dict[str, torch.Tensor]:
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path / name}: listed in {INDEX} but missing")
         tensors.update(load_file(str(path / name)))
-    return tensors   # a tensor the index lists but no shard holds is reported by _check
+    return tensors   # a tensor the index lists but no shard holds is reported by check_names

@@ -28,11 +28,13 @@ shared ones stay frozen with the target).
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.layers import DecoderBlock, RMSNorm, new_kv_cache
+from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, new_kv_cache
 from models.rope import rope_cos_sin
 
 
@@ -62,6 +64,14 @@ class Draft(nn.Module):
     def lm_head(self) -> nn.Linear:
         return self._shared[1]
 
+    def frozen_copy(self) -> "Draft":
+        """A frozen copy of the draft's own weights (eval mode) that shares the target's
+        embedding and LM head objects (e.g. the fixed reference of AARL's KL anchor)."""
+        other = copy.deepcopy(self, memo={id(m): m for m in self._shared})
+        for p in other.parameters():
+            p.requires_grad_(False)
+        return other.eval()
+
     def rope(self, position_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) flat ids (or (3, B, T) M-RoPE ids for rope="mrope") -> cos, sin (B, T, head_dim)."""
         llm = self.llm
@@ -76,31 +86,37 @@ class Draft(nn.Module):
                             dtype or w.dtype, device or w.device)
 
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: torch.Tensor | None = None, start: int = 0,
+                cache: torch.Tensor | None = None, start=0,
                 features: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T), cos/sin (B, T, head_dim), cache (layers, 2, B, KVH, max_len, hd) or None
         (then causal over the T rows), features (B, T, 3D) | (B, T, D) | None (features="none")
-        -> logits (B, T, V), hidden (B, T, D)."""
-        x = self._embed(ids, image_embeds)
-        if self.cfg.features == "fused":
-            x = self.in_proj(torch.cat([x, self._fuse(features, ids.shape)], dim=-1))
-        elif features is not None:
-            raise ValueError("this draft has features='none' (standalone); pass features=None")
+        -> logits (B, T, V), hidden (B, T, D). The cache contract is the target's: rows
+        start..start+T-1 written by index, attention over all max_len rows under a mask."""
+        x = self.inputs(ids, features, image_embeds)
+        rows, mask = (None, None) if cache is None else \
+            cache_rows(start, ids.shape[1], cache[0].shape[-2], ids.device)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None if cache is None else cache[i], start)
-        return self.lm_head(self.norm(x)), x
+            x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask)
+        return self.head(x), x
 
-    def _embed(self, ids: torch.Tensor, image_embeds: torch.Tensor | None) -> torch.Tensor:
-        """Token embeddings; image-pad rows take the target's image embeddings (in order)."""
+    def inputs(self, ids: torch.Tensor, features: torch.Tensor | None,
+               image_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The first layer's input (B, T, D): in_proj([embed(ids), fc(features)]) for a fused
+        draft, embed(ids) for a standalone one (image-pad rows: the target's image embeddings)."""
         x = self.embed_tokens(ids)
-        if image_embeds is None:
-            return x
-        mask = ids == self.image_token_id
-        if self.image_token_id < 0 or int(mask.sum()) != image_embeds.shape[0]:
-            raise ValueError(f"{int(mask.sum())} image tokens (image_token_id={self.image_token_id})"
-                             f" in ids but {image_embeds.shape[0]} image embeddings; they must match")
-        return x.masked_scatter(mask.unsqueeze(-1), image_embeds.to(x.dtype))
+        if image_embeds is not None:
+            mask = image_mask(ids, self.image_token_id, image_embeds.shape[0])
+            x = x.masked_scatter(mask, image_embeds.to(x.dtype))
+        if self.cfg.features == "fused":
+            return self.in_proj(torch.cat([x, self._fuse(features, ids.shape)], dim=-1))
+        if features is not None:
+            raise ValueError("this draft has features='none' (standalone); pass features=None")
+        return x
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last layer's residual (B, T, D) -> logits (B, T, V) through the target's head."""
+        return self.lm_head(self.norm(hidden))
 
     def _fuse(self, features: torch.Tensor | None, shape) -> torch.Tensor:
         D, n = self.llm.hidden, len(self.cfg.feature_layers)

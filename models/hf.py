@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from models.config import (DraftConfig, ExpertConfig, LLMConfig, ModelConfig, TargetConfig,
                            VisionConfig)
+from models.io import check_names
 from models.target import Target
 
 STYLES = {"qwen3_vl": "qwen3", "qwen2_5_vl": "qwen2.5"}
@@ -158,18 +159,6 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return {_from_legacy(k): v for k, v in tensors.items()}
 
 
-def _check_names(expected: dict, got: dict, tied: bool) -> None:
-    missing = [f"{k} {tuple(expected[k])}" for k in expected if k not in got]
-    unexpected = [k for k in got if k not in expected and not (tied and k == "lm_head.weight")]
-    shaped = [f"{k}: file {tuple(got[k].shape)}, expected {tuple(expected[k])}"
-              for k in expected if k in got and tuple(got[k].shape) != tuple(expected[k])]
-    problems = [f"{label} ({len(v)}): " + "; ".join(v[:8]) + (" ..." if len(v) > 8 else "")
-                for label, v in (("missing tensors", missing), ("unexpected tensors", unexpected),
-                                 ("mis-shaped tensors", shaped)) if v]
-    if problems:
-        raise ValueError("HF checkpoint does not match the config:\n  " + "\n  ".join(problems))
-
-
 def hf_shapes(target: Target) -> dict[str, tuple]:
     shapes = {}
     for name, t in target.state_dict().items():
@@ -190,7 +179,8 @@ def load_hf(path: str | Path, dtype=torch.float32) -> tuple[Target, ModelConfig]
     target = Target(model_cfg.target).to(dtype)
     tensors = _read_tensors(path)
     expected = hf_shapes(target)
-    _check_names(expected, tensors, model_cfg.target.llm.tie_embeddings)
+    tied = ("lm_head.weight",) if model_cfg.target.llm.tie_embeddings else ()
+    check_names(expected, tensors, "HF checkpoint", ignore=tied)
     state = {name: tensors[to_hf_name(name)] for name in target.state_dict()
              if to_hf_name(name) in expected}
     state[PATCH_KEY] = state[PATCH_KEY].reshape(state[PATCH_KEY].shape[0], -1)

@@ -9,6 +9,14 @@ What an artifact is comes from its meta.json, never from its path or file names.
 does not match its meta.json or the module it is loaded into (missing tensor, wrong shape, wrong
 dtype, truncated file, hash mismatch, unknown kind) is refused with a CheckpointError naming the
 file, the tensor and what was expected. Tensors are read with safetensors only, never pickle.
+
+A trained planner folder (tokenizer.json + target, expert and draft checkpoints, found by their
+meta.json kind) loads through one path, used by train/, tools/ and the torch backend:
+
+    tok, cfg, target, expert = load_planner(folder)      drafts: scan(folder)[1] -> load_draft
+    cfg, target, expert, draft = load_models({kind: folder}, tok)
+    cfg, draft, meta = load_draft(folder, cfg, target)
+    check_names(expected_shapes, tensors, what)          one name/shape check for foreign layouts
 """
 from __future__ import annotations
 
@@ -27,7 +35,11 @@ import safetensors.torch
 import torch
 
 import models.config as config_module  # config classes live there and only there
+from models.action_expert import ActionExpert
+from models.draft import Draft
+from models.target import Target
 from prompt.config import ConfigError, from_dict, to_dict
+from prompt.vocab import Tokenizer
 
 FORMAT = "specdrive-checkpoint"
 FORMAT_VERSION = 1
@@ -119,6 +131,21 @@ def check_state(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.
     extra = sorted(set(found) - set(expected))
     if extra:
         raise CheckpointError(f"{where}: unexpected tensor(s) {extra[:5]} (the module has no such names)")
+
+
+def check_names(expected: Mapping[str, tuple], got: Mapping[str, torch.Tensor], what: str,
+                ignore=()) -> None:
+    """Refuse tensors `got` of a foreign layout (HF, Alpamayo-R1) unless they hold exactly the
+    names of `expected` ({name: shape}) with those shapes; names in `ignore` may be extra."""
+    missing = [f"{k} (expected shape {tuple(expected[k])})" for k in expected if k not in got]
+    unexpected = sorted(set(got) - set(expected) - set(ignore))
+    shaped = [f"{k}: file {tuple(got[k].shape)}, expected {tuple(expected[k])}"
+              for k in expected if k in got and tuple(got[k].shape) != tuple(expected[k])]
+    problems = [f"{label} ({len(v)}): " + "; ".join(v[:8]) + (" ..." if len(v) > 8 else "")
+                for label, v in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                                 ("mis-shaped tensors", shaped)) if v]
+    if problems:
+        raise CheckpointError(f"{what} does not match its config:\n  " + "\n  ".join(problems))
 
 
 def read_meta(path) -> dict:
@@ -242,3 +269,91 @@ def _versions() -> dict:
         except importlib_metadata.PackageNotFoundError:
             versions[dist] = "unknown"
     return versions
+
+
+# --- a planner folder: tokenizer, target, expert and drafts, found by meta.json kind ----------
+
+def scan(folder) -> tuple[dict[str, Path], dict[str, Path]]:
+    """({kind: folder} for target / expert / planner, {variant: folder} for drafts) from the
+    meta.json of `folder` and of its direct subfolders. Folder names are labels only: a draft
+    is named by its meta.json "variant", else its folder name."""
+    folder = Path(folder)
+    models, drafts = {}, {}
+    for cand in [folder, *sorted(p for p in folder.iterdir() if p.is_dir())] if folder.is_dir() else []:
+        if (cand / META).is_file():
+            meta = read_meta(cand)
+            label = str(meta.get("variant") or cand.name) if meta["kind"] == "draft" else meta["kind"]
+            table = drafts if meta["kind"] == "draft" else models
+            if label in table:
+                raise CheckpointError(f"{folder}: two checkpoints {label!r} ({table[label]} and {cand})")
+            table[label] = cand
+    if "planner" not in models and "target" not in models:
+        raise CheckpointError(f"{folder}: no target checkpoint (meta.json kind 'target' or 'planner')")
+    return models, drafts
+
+
+def with_tokenizer(cfg: config_module.ModelConfig, tok) -> config_module.ModelConfig:
+    """The config with its vocabulary-dependent fields set from `tok` (vocab size, image ids)."""
+    llm = dataclasses.replace(cfg.target.llm, vocab_size=len(tok))
+    target = dataclasses.replace(cfg.target, llm=llm, image_token_id=tok.image_pad,
+                                 vision_start_id=tok.vision_start)
+    return dataclasses.replace(cfg, target=target)
+
+
+def check_tokenizer(cfg: config_module.ModelConfig, tok, where: str) -> None:
+    t = cfg.target
+    want = (len(tok), tok.image_pad, tok.vision_start)
+    got = (t.llm.vocab_size, t.image_token_id, t.vision_start_id)
+    if got != want:
+        raise ConfigError(f"{where}: (vocab_size, image_token_id, vision_start_id) = {got} but the "
+                          f"tokenizer has {want}; the checkpoint belongs to another vocabulary")
+
+
+def new_models(cfg: config_module.ModelConfig, seed: int) -> tuple[Target, ActionExpert, Draft]:
+    """Random-weight target, expert and draft of `cfg`, seeded."""
+    torch.manual_seed(seed)
+    target, expert = Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
+    return target, expert, Draft(cfg, target.embed_tokens, target.lm_head)
+
+
+def load_models(ckpts: Mapping[str, Path], tok):
+    """{kind: folder} (target + expert [+ draft], or planner) -> (cfg, target, expert, draft or
+    None), every file checked against its meta.json and the tokenizer; eval mode."""
+    main = Path(ckpts.get("planner") or ckpts["target"])
+    _, cfg, _ = load(main, kind="planner" if "planner" in ckpts else "target")
+    check_tokenizer(cfg, tok, str(main))
+    target, expert = Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
+    draft = None
+    if "planner" in ckpts:
+        draft = Draft(cfg, target.embed_tokens, target.lm_head)
+        load_into(main, {"target": target, "draft": draft, "expert": expert}, kind="planner")
+        return cfg, target.eval(), expert.eval(), draft.eval()
+    load_into(main, {"target": target}, kind="target")
+    if "expert" not in ckpts:
+        raise ConfigError(f"{main.parent}: no action expert checkpoint (meta.json kind 'expert')")
+    load_into(ckpts["expert"], {"expert": expert}, kind="expert")
+    if "draft" in ckpts:
+        cfg, draft, _ = load_draft(ckpts["draft"], cfg, target)
+    return cfg, target.eval(), expert.eval(), draft
+
+
+def load_draft(folder, cfg: config_module.ModelConfig, target: Target):
+    """A draft checkpoint for `target` (sharing its embedding and LM head) -> (cfg with the
+    draft's DraftConfig, draft (eval mode), meta)."""
+    _, dcfg, meta = load(folder, kind="draft")
+    if dcfg.target != cfg.target:
+        raise ConfigError(f"{folder}: this draft was trained for a different target (its "
+                          "meta.json target config differs from the target checkpoint's)")
+    cfg = dataclasses.replace(cfg, draft=dcfg.draft)
+    draft = Draft(cfg, target.embed_tokens, target.lm_head)
+    load_into(folder, {"draft": draft}, kind="draft")
+    return cfg, draft.eval(), meta
+
+
+def load_planner(folder) -> tuple[Tokenizer, config_module.ModelConfig, Target, ActionExpert]:
+    """Tokenizer, config, target and expert of a trained planner folder (eval mode); its drafts
+    are `scan(folder)[1]`, loaded with `load_draft`."""
+    folder = Path(folder)
+    tok = Tokenizer.load(folder / "tokenizer.json")
+    cfg, target, expert, _ = load_models(scan(folder)[0], tok)
+    return tok, cfg, target, expert

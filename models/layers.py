@@ -6,20 +6,27 @@ Public API (stable):
     attend(q, k, v, mask=None, causal=False) -> (B, Tq, H*D)
         q (B, H, Tq, D); k, v (B, KVH, Tk, D) from any source (a cache, another model's cache,
         concatenations); mask bool broadcastable to (B, H, Tq, Tk), True = may attend
-    causal_mask(start, T, device) -> (T, start+T) bool: row i sees keys j <= start + i
+    expand_kv(t, heads)                    (B, KVH, ..., D) -> (B, H, ..., D) (grouped query)
+    image_mask(ids, image_token_id, n_embeds) -> (B, T, 1) bool: where image embeddings go
+    cache_rows(start, T, max_len, device) -> rows (T,), mask (T, max_len)
+    write_kv(cache, rows, k, v) -> (keys, values) of the whole layer cache
     Attention(hidden, heads, kv_heads, head_dim, qk_norm=False, qkv_bias=False, eps=1e-6)
         .qkv(x, cos, sin) -> q (B, H, T, D), k, v (B, KVH, T, D)   (norms and rope applied)
-        .forward(x, cos, sin, cache=None, start=0, mask=None) -> (B, T, hidden)
     DecoderBlock(cfg: LLMConfig)           pre-norm attention + SwiGLU, residuals
-        .forward(x, cos, sin, cache=None, start=0, mask=None)
+        .qkv(x, cos, sin)                  q, k, v of norm(x)
+        .finish(x, attn)                   x + o_proj(attn), then + mlp(norm(.))
+        .forward(x, cos, sin, cache=None, rows=None, mask=None)
     new_kv_cache(layers, batch, kv_heads, max_len, head_dim, dtype, device)
         -> zeros (layers, 2, B, kv_heads, max_len, head_dim)
 
-KV cache: one preallocated buffer; a layer gets its slice cache[i] (2, B, KVH, max_len, D).
-A forward writes its T new rows at [start, start+T) and attends to rows [0, start+T), causal
-inside the new block. Rows past start+T are stale and never read, so rolling back is the caller
-passing a smaller `start` next time. Module names follow transformers' Qwen naming so that
-checkpoint I/O is a prefix mapping.
+The one cache contract (gpt-fast style): the KV cache is one preallocated buffer; a layer gets
+its slice cache[i] (2, B, KVH, max_len, D). A forward of T tokens writes their K/V at `rows`
+(a (T,) device tensor, start .. start+T-1) with index_copy_ and attends over all max_len rows
+with `mask` (T, max_len): row i sees keys j <= start + i. Nothing in it depends on a host value,
+so one code path runs eager on CPU, is captured in a CUDA graph (start a device tensor) and
+exports to ONNX with static shapes. Rows past start+T are stale and masked, so rolling back is
+the caller passing a smaller `start` next time. Module names follow transformers' Qwen naming
+so that checkpoint I/O is a prefix mapping.
 """
 from __future__ import annotations
 
@@ -54,10 +61,42 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def causal_mask(start: int, T: int, device=None) -> torch.Tensor:
-    """(T, start+T) bool: query i sits at absolute row start+i and sees keys j <= start+i."""
-    rows = torch.arange(T, device=device)[:, None] + start
-    return torch.arange(start + T, device=device)[None, :] <= rows
+def image_mask(ids: torch.Tensor, image_token_id: int, n_embeds: int) -> torch.Tensor:
+    """(B, T, 1) bool: the image-pad positions of `ids`, filled in row-major order by
+    `x.masked_scatter(mask, embeds)`. Their count is checked against n_embeds when ids live on
+    the host; on a device the caller checked the prompt (no read-back inside a forward)."""
+    if image_token_id < 0:
+        raise ValueError("image_embeds given but image_token_id is not set (-1); "
+                         "set it from the tokenizer (tok.image_pad)")
+    mask = ids == image_token_id
+    if ids.device.type == "cpu" and int(mask.sum()) != n_embeds:
+        raise ValueError(f"{int(mask.sum())} image tokens (id {image_token_id}) in ids "
+                         f"but {n_embeds} image embeddings; they must be equal")
+    return mask.unsqueeze(-1)
+
+
+def cache_rows(start, T: int, max_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows (T,) = start + i and mask (T, max_len), mask[i, j] = j <= start + i.
+
+    `start` is an int (checked against max_len here, on the host) or a (1,) device tensor
+    (a CUDA-graph input: nothing is read back)."""
+    if not torch.is_tensor(start) and start + T > max_len:
+        raise ValueError(f"KV cache overflow: start={start} + T={T} > max_len={max_len}")
+    rows = torch.arange(T, device=device) + (start.to(device) if torch.is_tensor(start) else start)
+    return rows, torch.arange(max_len, device=device)[None, :] <= rows[:, None]
+
+
+def write_kv(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """cache (2, B, KVH, max_len, D) <- k, v (B, KVH, T, D) at `rows` (T,); -> all K, all V."""
+    cache[0].index_copy_(2, rows, k.to(cache.dtype))
+    cache[1].index_copy_(2, rows, v.to(cache.dtype))
+    return cache[0], cache[1]
+
+
+def expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, KVH, ..., D) -> (B, H, ..., D): query head h reads KV head h // (H / KVH)."""
+    groups = heads // t.shape[1]
+    return t.repeat_interleave(groups, dim=1) if groups > 1 else t
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -67,15 +106,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     q (B, H, Tq, D); k, v (B, KVH, Tk, D); returns (B, Tq, H*D).
     """
     B, H, Tq, D = q.shape
-    groups = H // k.shape[1]
-    if groups > 1:  # (B, KVH, Tk, D) -> (B, H, Tk, D); query head h reads KV head h // groups
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
+    k, v = expand_kv(k, H), expand_kv(v, H)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
     return out.transpose(1, 2).reshape(B, Tq, H * D)
 
 
 class Attention(nn.Module):
+    """The projections of one attention layer; the attention itself is `attend`."""
+
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int,
                  qk_norm: bool = False, qkv_bias: bool = False, eps: float = 1e-6):
         super().__init__()
@@ -96,24 +134,13 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, cache: torch.Tensor | None = None, start: int = 0,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """cache (2, B, KVH, max_len, D) or None; mask overrides the causal default."""
-        q, k, v = self.qkv(x, cos, sin)
-        T = x.shape[1]
-        if cache is None:
-            return self.o_proj(attend(q, k, v, mask, causal=True))
-        if start + T > cache.shape[3]:
-            raise ValueError(f"KV cache overflow: start={start} + T={T} > max_len={cache.shape[3]}")
-        cache[0, :, :, start:start + T] = k
-        cache[1, :, :, start:start + T] = v
-        if mask is None and T > 1:
-            mask = causal_mask(start, T, x.device)
-        return self.o_proj(attend(q, cache[0, :, :, :start + T], cache[1, :, :, :start + T], mask))
-
 
 class DecoderBlock(nn.Module):
-    """x + attn(norm(x)), then + mlp(norm(x)): the Qwen2/Qwen3 decoder layer."""
+    """x + attn(norm(x)), then + mlp(norm(x)): the Qwen2/Qwen3 decoder layer.
+
+    qkv and finish are the two halves around the attention, public for forwards whose keys
+    come from elsewhere (the action expert's [target cache, own rows], the draft chain's
+    training passes); forward is the layer over the one cache contract."""
 
     def __init__(self, cfg: LLMConfig):
         super().__init__()
@@ -123,9 +150,23 @@ class DecoderBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.hidden, cfg.intermediate)
 
-    def forward(self, x, cos, sin, cache=None, start: int = 0, mask=None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask)
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (B, T, hidden) -> q (B, H, T, D), k, v (B, KVH, T, D) of norm(x), rope applied."""
+        return self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """x (B, T, hidden), attn (B, T, H*D) -> the layer's output (B, T, hidden)."""
+        x = x + self.self_attn.o_proj(attn)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x, cos, sin, cache: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """cache (2, B, KVH, max_len, D) written at rows (T,), attended under mask (T, max_len);
+        without a cache: attention over the T rows, causal unless `mask` says otherwise."""
+        q, k, v = self.qkv(x, cos, sin)
+        if cache is not None:
+            k, v = write_kv(cache, rows, k, v)
+        return self.finish(x, attend(q, k, v, mask, causal=mask is None))
 
 
 def new_kv_cache(layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,

@@ -7,9 +7,10 @@ M-RoPE + LM head over text and trajectory tokens. One readable page; blocks live
     cache = t.new_cache(batch, max_len)                  (layers, 2, B, kv_heads, max_len, D)
     logits, hiddens = t(ids, cos, sin, cache, start, embeds, deepstack, hidden_layers=(2, 6, 9))
 
-Prefill writes rows [0, T); each decode or verify call writes [start, start+k) and attends to
-[0, start+k). Verifying k draft tokens is one call with T = k; rolling back after a rejection
-is passing a smaller `start` next time (stale rows are never read, and get overwritten).
+Prefill writes rows [0, T); each decode or verify call writes rows start..start+k-1 (index_copy_)
+and attends over the whole cache under a mask that hides rows > start + i (one static shape per
+k). Verifying k draft tokens is one call with T = k; rolling back after a rejection is passing
+a smaller `start` next time (stale rows are masked, and get overwritten).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from models.config import TargetConfig
-from models.layers import DecoderBlock, RMSNorm, new_kv_cache
+from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, new_kv_cache
 from models.rope import rope_cos_sin
 from models.vision import VisionTower
 
@@ -52,25 +53,16 @@ class Target(nn.Module):
         """(N_patches, C*tp*p*p) + grid_thw (n, 3) -> (embeds (N, D), deepstack list[(N, D)])."""
         return self.visual(pixel_patches, grid_thw)
 
-    def _image_mask(self, ids: torch.Tensor, n_embeds: int) -> torch.Tensor:
-        """(B, T, 1) bool: where image embeddings replace the image-pad token's embedding."""
-        if self.cfg.image_token_id < 0:
-            raise ValueError("image_embeds given but TargetConfig.image_token_id is not set (-1); "
-                             "set it from the tokenizer (tok.image_pad)")
-        mask = ids == self.cfg.image_token_id
-        n_tokens = int(mask.sum())
-        if n_tokens != n_embeds:
-            raise ValueError(f"{n_tokens} image tokens (id {self.cfg.image_token_id}) in ids "
-                             f"but {n_embeds} image embeddings; they must be equal")
-        return mask.unsqueeze(-1)
-
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: torch.Tensor | None = None, start: int = 0,
+                cache: torch.Tensor | None = None, start=0,
                 image_embeds: torch.Tensor | None = None, deepstack=None,
                 hidden_layers=()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """ids (B, T); cos/sin (B, T, head_dim) -> logits (B, T, V) and, for each index i in
         hidden_layers, the residual stream after layer i (B, T, D) (DeepStack included).
 
+        cache (layers, 2, B, KVH, max_len, D) or None (causal over the T rows): the K/V of the
+        T tokens are written at rows start .. start+T-1 and attention runs over all max_len
+        rows under a mask (models.layers); `start` an int or a (1,) device tensor.
         image_embeds (N, D) fill the image tokens of `ids` in row-major (batch, then position)
         order. DeepStack: after LLM layer i (i < len(deepstack)) the image positions get
         deepstack[i] (N, D) added; the vision tokens must be in this call's `ids`.
@@ -78,22 +70,27 @@ class Target(nn.Module):
         x = self.embed_tokens(ids)
         mask = None
         if image_embeds is not None:
-            mask = self._image_mask(ids, image_embeds.shape[0])
+            mask = image_mask(ids, self.cfg.image_token_id, image_embeds.shape[0])
             x = x.masked_scatter(mask, image_embeds.to(x.dtype))
         deepstack = list(deepstack or [])
         if deepstack and mask is None:
             raise ValueError("deepstack features need image_embeds in the same call")
-        hiddens = {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None if cache is None else cache[i], start)
-            if i < len(deepstack):  # x[image positions] += deepstack[i], out of place
-                x = x + torch.zeros_like(x).masked_scatter(mask, deepstack[i].to(x.dtype))
-            if i in hidden_layers:
-                hiddens[i] = x
-        missing = [i for i in hidden_layers if i not in hiddens]
+        missing = [i for i in hidden_layers if not 0 <= i < len(self.layers)]
         if missing:
             raise ValueError(f"hidden_layers {missing} out of range; allowed 0..{len(self.layers) - 1}")
-        return self.lm_head(self.norm(x)), [hiddens[i] for i in hidden_layers]
+        rows, attn_mask = (None, None) if cache is None else \
+            cache_rows(start, ids.shape[1], cache[0].shape[-2], ids.device)
+        hiddens = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache[i], rows, attn_mask)
+            if i < len(deepstack):  # x[image positions] += deepstack[i], out of place
+                x = x + torch.zeros_like(x).masked_scatter(mask, deepstack[i].to(x.dtype))
+            hiddens[i] = x
+        return self.head(x), [hiddens[i] for i in hidden_layers]
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Residual stream (B, T, D) -> logits (B, T, V)."""
+        return self.lm_head(self.norm(x))
 
 
 def _init_weights(module: nn.Module, std: float = 0.02) -> None:

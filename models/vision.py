@@ -18,6 +18,10 @@ from models.rope import apply_rope, vision_cos_sin
 
 
 def _grids(grid_thw) -> list[tuple[int, int, int]]:
+    """grid_thw (n, 3) as host data (numpy, a list or a CPU tensor): the grid shapes the work,
+    so it is an argument known before the call, never read back from a device."""
+    if torch.is_tensor(grid_thw) and grid_thw.device.type != "cpu":
+        raise ValueError(f"grid_thw is on {grid_thw.device}; pass it as host data (numpy or CPU)")
     return [tuple(int(v) for v in row) for row in torch.as_tensor(grid_thw).reshape(-1, 3).tolist()]
 
 

@@ -15,7 +15,7 @@ from models.action_expert import ActionExpert
 from models.config import DraftConfig, load_preset
 from models.draft import Draft
 from models.target import Target
-from runtime.backends.torch import with_tokenizer
+from models.io import with_tokenizer
 from tools.sources import default_tokenizer
 from tools import bench
 

@@ -161,7 +161,7 @@ def test_load_errors_name_the_tensor(build, tmp_path):
     _, path, _ = build("qwen3")
     key = "model.language_model.layers.1.self_attn.k_proj.weight"
     drop = _rewrite(path, tmp_path / "drop", lambda t: {k: v for k, v in t.items() if k != key})
-    with pytest.raises(ValueError, match=rf"missing.*{key} \(32, 64\)"):
+    with pytest.raises(ValueError, match=rf"missing.*{key} \(expected shape \(32, 64\)\)"):
         load_hf(drop)
     extra = _rewrite(path, tmp_path / "extra", lambda t: {**t, "model.extra.weight": torch.ones(2)})
     with pytest.raises(ValueError, match="unexpected.*model.extra.weight"):

@@ -10,7 +10,8 @@ from models import io
 from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
 from runtime.artifacts import find_checkpoints
-from runtime.backends.torch import create, with_tokenizer
+from models.io import with_tokenizer
+from runtime.backends.torch import create
 from runtime.loop import FixedK, GreedyRule, generate
 from test_spec_torch import build, one_thread, tiny_config  # noqa: F401  (fixture)
 

@@ -8,7 +8,7 @@ import torch
 
 from models.config import (ConfigError, LLMConfig, ModelConfig, TargetConfig, VisionConfig,
                            load_preset)
-from models.layers import causal_mask
+from models.layers import cache_rows
 from models.rope import rope_cos_sin
 from models.target import Target
 from prompt.config import from_dict
@@ -142,9 +142,12 @@ def test_torch_rope_matches_numpy_tables(section, interleaved):
     assert np.abs(cos.numpy() - ref_cos).max() < 1e-5 and np.abs(sin.numpy() - ref_sin).max() < 1e-5
 
 
-def test_causal_mask_rows():
-    m = causal_mask(3, 2)
-    assert m.tolist() == [[True] * 4 + [False], [True] * 5]
+def test_cache_rows_and_mask():
+    rows, m = cache_rows(3, 2, 6)
+    assert rows.tolist() == [3, 4]
+    assert m.tolist() == [[True] * 4 + [False] * 2, [True] * 5 + [False]]
+    rows_t, m_t = cache_rows(torch.tensor([3]), 2, 6)        # a device start: same rows, same mask
+    assert torch.equal(rows_t, rows) and torch.equal(m_t, m)
 
 
 def test_presets_load_and_tiny_builds():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from models.chain import rollout
 from models.draft import Draft
 from train import aarl, ckpt, metrics, sft
 from train.vocab import build_tokenizer
@@ -24,8 +25,8 @@ def test_rollout_scores_equal_the_cached_draft_chain(tmp_path):
     prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
     text = torch.from_numpy(tok.text_mask())
     with torch.no_grad():
-        tokens, logq = aarl.chain(draft, prefix, feats, embeds, 5, text, 1.0, group=3)
-        _, again = aarl.chain(draft, prefix, feats, embeds, 5, text, 1.0, tokens, group=3)
+        tokens, logq = rollout(draft, prefix, feats, embeds, 5, text, 1.0, group=3)
+        _, again = rollout(draft, prefix, feats, embeds, 5, text, 1.0, tokens, group=3)
     assert torch.allclose(logq, again, atol=1e-5), "scoring the sampled tokens changed their log q"
     assert not tok.traj_mask()[tokens.numpy()].any()
     # the same chain through Draft.forward with its KV cache, rollout 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models import io
-from train import ckpt, data, reasoning, sft
+from train import ckpt, data, reasoning
 from test_train_fixtures import one_thread  # noqa: F401 (fixture)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny"
@@ -29,8 +29,8 @@ def test_shipped_folder_is_small_and_complete():
 def test_shipped_models_load_and_reason():
     from scenes.world import make_scene
 
-    tok, cfg, target, expert = ckpt.load_planner(SHIPPED)
-    exs = [data.encode_scene(make_scene(s, split="test"), tok, cfg.target.vision, sft.inverse_unicycle, s)
+    tok, cfg, target, expert = io.load_planner(SHIPPED)
+    exs = [data.encode_scene(make_scene(s, split="test"), tok, cfg.target.vision, s)
            for s in (101, 202)]
     tokens, lengths = reasoning.greedy_reasoning(target, exs, tok, max_new=64)
     for t, n in zip(tokens, lengths):
@@ -38,6 +38,6 @@ def test_shipped_models_load_and_reason():
         assert t[n - 1] == tok.cot_end and words[:2] == ["ego", "is"], f"untrained-looking CoC: {words[:8]}"
     for d in DRAFTS:
         if (SHIPPED / f"draft-{d}").exists():
-            draft, meta = ckpt.load_draft(SHIPPED / f"draft-{d}", target)
+            _, draft, meta = io.load_draft(SHIPPED / f"draft-{d}", cfg, target)
             assert meta["variant"] == d and draft.cfg.rope == ckpt.VARIANTS[d][0]
             assert all(torch.isfinite(p).all() for p in draft.parameters())

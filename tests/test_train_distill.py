@@ -7,25 +7,24 @@ import numpy as np
 import pytest
 import torch
 
+from models.chain import chain_forward
 from models.config import load_preset
 from models.draft import Draft, shift_features
 from models.target import Target
 from train import ckpt, data, metrics, reasoning, sft
 from train.config import DistillConfig, RunConfig
-from train.distill import build_teachers, distill_loss
-from train.ttt import chain_forward
+from train.distill import distill_loss
+from train.teachers import build_teachers
 from train.vocab import build_tokenizer
 from test_train_fixtures import examples, micro_preset, one_thread  # noqa: F401 (one_thread is a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     tok = build_tokenizer()
     cfg, target, expert = sft.build_models(micro_preset(tmp_path_factory.mktemp("p")), tok, seed=0)
     return tok, cfg, target.eval()
-
 
 @pytest.mark.parametrize("variant", ["flat", "mrope"])
 def test_chain_passes_equal_the_drafting_chain(micro, variant):
@@ -52,7 +51,6 @@ def test_chain_passes_equal_the_drafting_chain(micro, variant):
             err = (got - logits[:, -1]).abs().max().item()
             assert err < 1e-4, f"pass {p} row {j}: max diff {err}"
 
-
 def test_batched_greedy_reasoning_equals_one_scene_at_a_time(micro):
     tok, cfg, target = micro
     exs = examples(3, tok, cfg.target.vision)
@@ -61,7 +59,6 @@ def test_batched_greedy_reasoning_equals_one_scene_at_a_time(micro):
         one, n = reasoning.greedy_reasoning(target, [e], tok, max_new=4)
         assert torch.equal(one[0], batched[i]) and int(n[0]) == int(lens[i])
     assert not tok.traj_mask()[batched.numpy()].any(), "a trajectory token was chosen while reasoning"
-
 
 def test_greedy_tau_replay():
     k, first, end = 4, 2, 12
@@ -74,7 +71,6 @@ def test_greedy_tau_replay():
     some[0, first] = some[1, first] = True                   # 2 accepted + bonus from row 2
     tokens, forwards, parts = metrics.greedy_tau(some, first, end, k, routine_end=4)
     assert (tokens, forwards) == (10, 8) and parts["routine"] == [3, 1]
-
 
 def test_few_step_distillation_lowers_the_loss(micro):
     tok, cfg, target = micro

@@ -39,9 +39,9 @@ def scenes(n: int, split: str = "train") -> tuple:
 
 
 def examples(n: int, tok, vision, split: str = "train") -> list:
-    from train import data, sft
+    from train import data
 
-    return [data.encode_scene(s, tok, vision, sft.inverse_unicycle, index=i)
+    return [data.encode_scene(s, tok, vision, index=i)
             for i, s in enumerate(scenes(n, split))]
 
 

@@ -70,7 +70,7 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
                                              "data": {"dir": str(root / "scenes"), "max_scenes": 6, "balance": 1.0},
                                              "run": _run(root, "vision", 2)}))
     target = sft.run(_sft(root, "sft", steps=3, init_vision=str(tower)))
-    tok, cfg, _, _ = ckpt.load_planner(target)
+    tok, cfg, _, _ = io.load_planner(target)
     assert len(tok) == cfg.target.llm.vocab_size
     dcfg = _cfg(root, "distill", {"target": str(target), "data": {"dir": str(root / "scenes"), "max_scenes": 4},
                                   "max_new_tokens": 6, "gen_batch": 4, "run": _run(root, "distill", 2)})

@@ -22,20 +22,19 @@ planner's output stays the target's; the reward moves what the draft proposes.
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from models import io
+from models.chain import rollout
 from models.draft import shift_features
 from prompt.config import to_dict
-from prompt.positions import flat_position_ids
+from scenes import dataset
 from train import ckpt, data, dist, loop, metrics, reasoning
 from train.config import AARLConfig
-from models.layers import attend
-from train.ttt import _expand, _finish, _qkv
 
 
 @torch.no_grad()
@@ -49,47 +48,6 @@ def prefill(target, ex: data.Example, feature_layers: tuple, banned: torch.Tenso
     first = int(logits[0, -1].masked_fill(banned, float("-inf")).argmax())
     feats = shift_features(torch.cat([feats, torch.zeros_like(feats[:, :1])], 1))
     return first, feats, embeds, ids.shape[1]
-
-
-def chain(draft, prefix: torch.Tensor, feats, image_embeds, n: int, text: torch.Tensor,
-          temperature: float, tokens: torch.Tensor | None = None, group: int = 1):
-    """Run the draft as it drafts: rows of `prefix` (1, T0+1) in one causal pass with target
-    features, then one row per token with its own previous hidden as feature. Samples `n`
-    tokens per group member (tokens None) or scores the given tokens (G, n).
-    Returns (tokens (G, n), log q of each (G, n))."""
-    T = prefix.shape[1]
-    pos = torch.from_numpy(flat_position_ids(T + n))[None]
-    cos, sin = draft.rope(pos)
-    x = draft.in_proj(torch.cat([draft._embed(prefix, image_embeds), draft._fuse(feats, prefix.shape)], -1))
-    kv = []
-    for layer in draft.layers:
-        q, k, v = _qkv(layer, x, cos[:, :T], sin[:, :T])
-        kv.append([k.expand(group, -1, -1, -1), v.expand(group, -1, -1, -1)])
-        x = _finish(layer, x, attend(q, k, v, causal=True))
-    h = x[:, -1:].expand(group, -1, -1)
-    out, logq = [], []
-    for i in range(n):
-        logits = draft.lm_head(draft.norm(h))[:, 0].float().masked_fill(~text, float("-inf"))
-        lp = F.log_softmax(logits / temperature, -1)
-        tok = torch.multinomial(lp.exp(), 1)[:, 0] if tokens is None else tokens[:, i]
-        out.append(tok)
-        logq.append(lp.gather(1, tok[:, None])[:, 0])
-        if i == n - 1:
-            break
-        x = draft.in_proj(torch.cat([draft.embed_tokens(tok)[:, None], h], -1))
-        r = slice(T + i, T + i + 1)
-        for li, layer in enumerate(draft.layers):
-            q, k, v = _qkv(layer, x, cos[:, r].expand(group, -1, -1), sin[:, r].expand(group, -1, -1))
-            kv[li] = [torch.cat([kv[li][0], k], 2), torch.cat([kv[li][1], v], 2)]
-            x = _finish(layer, x, _attend_all(q, *kv[li]))
-        h = x
-    return torch.stack(out, 1), torch.stack(logq, 1)
-
-
-def _attend_all(q, k, v):
-    H = q.shape[1]
-    p = torch.softmax(q @ _expand(k, H).transpose(-1, -2) / q.shape[-1] ** 0.5, -1)
-    return (p @ _expand(v, H)).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
 def valid_mask(tokens: torch.Tensor, cot_end: int) -> torch.Tensor:
@@ -133,8 +91,8 @@ def rollouts(draft, target, ex: data.Example, tok, cfg: AARLConfig):
     features, image embeds, tokens (G, max_new_tokens)). Seed torch's RNG before calling."""
     first, feats, embeds, T0 = prefill(target, ex, tuple(draft.cfg.feature_layers), torch.from_numpy(tok.traj_mask()))
     prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
-    tokens, _ = chain(draft, prefix, feats, embeds, cfg.max_new_tokens, torch.from_numpy(tok.text_mask()),
-                      cfg.temperature, group=cfg.group)
+    tokens, _ = rollout(draft, prefix, feats, embeds, cfg.max_new_tokens, torch.from_numpy(tok.text_mask()),
+                        cfg.temperature, group=cfg.group)
     return first, prefix, feats, embeds, tokens
 
 
@@ -146,9 +104,9 @@ def aarl_step(policy, ref, target, expert, items, tok, cfg: AARLConfig, step: in
         torch.manual_seed(cfg.run.seed * 100_003 + step * 1009 + int(ex.index))
         first, prefix, feats, embeds, tokens = rollouts(policy, target, ex, tok, cfg)
         with torch.no_grad():
-            _, ref_lp = chain(ref, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
+            _, ref_lp = rollout(ref, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
         valid = valid_mask(tokens, tok.cot_end)
-        _, lp = chain(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
+        _, lp = rollout(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
         sc = rewards(target, expert, ex, scene, first, tokens, valid, tok, cfg)
         adv = (sc["r"] - sc["r"].mean()) / (sc["r"].std() + 1e-6)
         m = valid.float()
@@ -183,24 +141,18 @@ def score_draft(draft, target, expert, items, tok, cfg: AARLConfig, seed: int = 
 
 
 def run(cfg: AARLConfig) -> Path:
-    from scenes import dataset
-    from train.sft import load_examples
-
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     world = dist.init()
-    tok, model_cfg, target, expert = ckpt.load_planner(cfg.target)
+    tok, model_cfg, target, expert = io.load_planner(cfg.target)
     for p in [*target.parameters(), *expert.parameters()]:
         p.requires_grad_(False)
-    policy, meta = ckpt.load_draft(cfg.draft, target)
+    _, policy, meta = io.load_draft(cfg.draft, model_cfg, target)
     if meta.get("variant") != "flat":
         raise ValueError(f"{cfg.draft}: AARL post-trains the 'flat' draft, this is {meta.get('variant')!r}")
-    ref = copy.deepcopy(policy).eval()
-    ref._shared = policy._shared
-    for p in ref.parameters():
-        p.requires_grad_(False)
+    ref = policy.frozen_copy()
     policy.train()
-    examples = load_examples(cfg.data, tok, model_cfg.target.vision)
+    examples = data.load_examples(cfg.data, tok, model_cfg.target.vision)
     scenes = dataset.load(cfg.data.dir, cfg.data.split)
     out = Path(cfg.run.out)
 

@@ -1,9 +1,11 @@
 """Checked configs of the three training stages; `configs/train/*.yaml` load into these.
 
-    VisionConfig   vision pretraining: the target's tower learns the cameras' facts first
-    SFTConfig      target SFT: CoC + future-token next-token loss, action expert flow matching
-    DistillConfig  routine-reasoner distillation from the target's own greedy reasoning
-    AARLConfig     action-aware RL of the distilled flat draft (group-relative, KL anchor)
+    VisionStageConfig  vision pretraining: the target's tower learns the cameras' facts first
+    SFTConfig          target SFT: CoC + future-token next-token loss, action expert flow matching
+    DistillConfig      routine-reasoner distillation from the target's own greedy reasoning
+    AARLConfig         action-aware RL of the distilled flat draft (group-relative, KL anchor)
+    ShipConfig         assembling checkpoints/tiny from the run folders
+    EvalConfig         the MODEL_CARD numbers of a trained planner folder
 
 Every stage shares `RunConfig` (steps, batch, optimiser, checkpoint cadence, threads, seed).
 """
@@ -62,7 +64,7 @@ class DataConfig:
 
 
 @dataclass
-class VisionConfig:
+class VisionStageConfig:
     preset: str = "tiny"           # the preset whose vision tower is pretrained
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/vision-tiny", lr=1e-3))
@@ -156,12 +158,61 @@ def uniform_only(stage: str, data_cfg: DataConfig) -> None:
                           "balance applies to the vision and sft stages only (set it to 0 here)")
 
 
-def load(stage: str, path):
-    """Read `path` (YAML) as the config of `stage` (one of STAGES, "ship" or "eval")."""
-    from train.evaluate import EvalConfig
-    from train.ship import ShipConfig
+@dataclass
+class ShipConfig:
+    sft: str = "runs/sft-tiny/ckpt"
+    drafts: dict = field(default_factory=lambda: {
+        "flat": "runs/distill-tiny/flat-s0/ckpt/draft-flat",
+        "mrope": "runs/distill-tiny/mrope-s0/ckpt/draft-mrope",
+        "flat-standalone": "runs/distill-tiny/flat-standalone-s0/ckpt/draft-flat-standalone",
+        "flat-aarl": "runs/aarl-tiny/ckpt/draft-flat-aarl"})
+    out: str = "checkpoints/tiny"
 
-    configs = {"vision": VisionConfig, "sft": SFTConfig, "distill": DistillConfig, "aarl": AARLConfig, "ship": ShipConfig,
-               "eval": EvalConfig}
-    check_choice("stage", stage, configs)
-    return load_yaml(configs[stage], path)
+    def __post_init__(self):
+        bad = sorted(set(self.drafts) - set(DRAFTS))
+        if bad:
+            raise ConfigError(f"drafts: unknown variant(s) {bad}; allowed {sorted(DRAFTS)}")
+
+
+@dataclass
+class EvalConfig:
+    planner: str = "checkpoints/tiny"
+    # draft folders: names inside `planner`, or paths (other seeds' drafts); missing ones are skipped
+    drafts: tuple[str, ...] = ("draft-flat", "draft-mrope", "draft-flat-standalone", "draft-flat-aarl")
+    data: DataConfig = field(default_factory=lambda: DataConfig(split="test", max_scenes=100))
+    splits: tuple[str, ...] = ("test", "heldout", "unseen")
+    k: int = 8
+    max_new_tokens: int = 64
+    batch: int = 16
+    threads: int = 0
+    out: str = "runs/eval-tiny/metrics.json"
+    runtime_scenes: int = 0        # test scenes also run through runtime.Planner (torch backend)
+    aarl_scenes: int = 0           # heldout scenes on which draft-flat and draft-flat-aarl are scored
+                                   # with the AARL reward of `aarl_config` (same seeded rollouts)
+    aarl_config: str = "configs/train/aarl.yaml"
+    trajectory_samples: int = 1    # expert draws averaged per trajectory (runtime's trajectory_samples)
+    notes: tuple[str, ...] = ()    # facts about the runs the numbers cannot show (written into the card)
+    card: str = ""                 # MODEL_CARD.md to write from the metrics and the run logs ("" = none)
+    vision_run: str = "runs/vision-tiny"
+    sft_run: str = "runs/sft-tiny"
+    distill_run: str = "runs/distill-tiny"
+    aarl_run: str = "runs/aarl-tiny"
+
+    def __post_init__(self):
+        check_range("k", self.k, lo=1, hi=16)
+        check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
+        check_range("batch", self.batch, lo=1)
+        check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
+        check_range("aarl_scenes", self.aarl_scenes, lo=0)
+        for s in self.splits:
+            DataConfig(split=s)
+
+
+CONFIGS = {"vision": VisionStageConfig, "sft": SFTConfig, "distill": DistillConfig, "aarl": AARLConfig,
+           "ship": ShipConfig, "eval": EvalConfig}
+
+
+def load(stage: str, path):
+    """Read `path` (YAML) as the config of `stage` (one of CONFIGS)."""
+    check_choice("stage", stage, CONFIGS)
+    return load_yaml(CONFIGS[stage], path)

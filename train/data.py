@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.action_expert import v0_from_history
+from models.action_expert import v0_from_history, waypoints_to_actions
 from prompt.layout import COMMITMENT, build_prompt
 from prompt.pixels import images_to_patches
 from prompt.positions import mrope_position_ids
+from scenes import dataset
 from train.metrics import cause_phrases, cause_words
 
 
@@ -65,9 +66,9 @@ def scene_images(scene) -> np.ndarray:
     return imgs.reshape(-1, *imgs.shape[-3:])
 
 
-def encode_scene(scene, tok, vision, inverse_unicycle, index: int = 0) -> Example:
-    """One Scene -> Example. `vision` is models.config.VisionConfig; `inverse_unicycle(future,
-    v0) -> (64, 2)` turns the expert future into (accel, curvature) targets (models' own)."""
+def encode_scene(scene, tok, vision, index: int = 0) -> Example:
+    """One Scene -> Example. `vision` is models.config.VisionConfig; the expert future becomes
+    (accel, curvature) targets through `inverse_unicycle` (models' own)."""
     images = scene_images(scene)
     grid = image_grid(images.shape, vision)
     n_tok = [int(t * h * w) // vision.merge ** 2 for t, h, w in grid]
@@ -79,6 +80,26 @@ def encode_scene(scene, tok, vision, inverse_unicycle, index: int = 0) -> Exampl
     return Example(p.ids, pos, delta, p.coc_kind, images, grid, p.reasoning_start, cot_end,
                    actions, v0, np.asarray(scene.future, np.float32),
                    np.asarray(scene.history, np.float32), index)
+
+
+def inverse_unicycle(future, v0: float):
+    """(64, 3) expert future -> (64, 2) (accel, curvature) targets (models' inverse unicycle)."""
+    return waypoints_to_actions(torch.as_tensor(future, dtype=torch.float64), torch.tensor(v0, dtype=torch.float64)).float().numpy()
+
+
+def load_examples(data_cfg, tok, vision, keys: bool = False):
+    """The split's scenes as Examples; with keys=True also each scene's data.fact_key."""
+    out, facts = [], []
+    for i, scene in enumerate(dataset.load(data_cfg.dir, data_cfg.split)):
+        if data_cfg.max_scenes and i >= data_cfg.max_scenes:
+            break
+        out.append(encode_scene(scene, tok, vision, index=i))
+        if keys:
+            facts.append(fact_key(scene))
+    if not out:
+        raise ValueError(f"no scenes of split {data_cfg.split!r} in {data_cfg.dir!r}; "
+                         "generate them with `specdrive scenes generate`")
+    return (out, facts) if keys else out
 
 
 def loss_masks(ex: Example) -> tuple[np.ndarray, np.ndarray]:

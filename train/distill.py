@@ -4,7 +4,7 @@
 2. One no-grad target pass over prompt + reasoning gives the teacher: the fused features of
    `feature_layers` at every row, and at the reasoning rows the next-token logits and the top
    hidden state (kept in memory as fp16; every draft and seed reuses them).
-3. Each draft trains teacher-forced with the chain passes of `train.ttt`:
+3. Each draft trains teacher-forced with the chain passes of `models.chain`:
        loss = mean_p [ KL(p_target || q_draft) + feature_weight * smoothL1(h_draft, h_target_top) ]
    over the text vocabulary (trajectory tokens are masked while reasoning, for both), on rows
    rs + p <= j < cot_end (row j predicts token j+1; the first CoC token is the target's own).
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,63 +20,14 @@ import torch
 import torch.nn.functional as F
 
 from models import io
-from models.draft import Draft, shift_features
+from models.chain import chain_forward
+from models.draft import Draft
 from prompt.config import to_dict
-from prompt.positions import flat_position_ids
 from train import ckpt, data, dist, loop, reasoning
 from train.config import DistillConfig, RunConfig
-from train.ttt import chain_forward
+from train.teachers import Teacher, build_teachers, draft_inputs
 
 CHAIN_PASSES = 4      # draft-chain steps trained per row (EAGLE-3 training-time test)
-
-
-@dataclass
-class Teacher:
-    ids: np.ndarray          # (T,) prompt + greedy reasoning up to <|cot_end|>
-    positions: np.ndarray    # (3, T) target M-RoPE ids
-    first: int               # reasoning_start: first row a draft writes
-    cot_end: int
-    image_embeds: torch.Tensor   # (n_vision, D) fp16
-    feats: torch.Tensor      # (T, 3D) fp16 target hiddens of feature_layers (unshifted)
-    logits: torch.Tensor     # (cot_end - first, V) fp16 target logits at rows first..cot_end-1
-    top: torch.Tensor        # (cot_end - first, D) fp16 target last-layer hidden at those rows
-
-
-@torch.no_grad()
-def build_teachers(target, examples: list, feature_layers: tuple, batch: int) -> list[Teacher]:
-    out, last = [], target.cfg.llm.layers - 1
-    for s in range(0, len(examples), batch):
-        chunk = examples[s:s + batch]
-        b = data.collate(chunk, 0, target.cfg.vision)
-        embeds, deep = target.encode_images(b.pixels, b.grid_thw)
-        logits, hid = target(b.ids, *target.rope(b.positions), None, 0, embeds, deep,
-                             hidden_layers=(*feature_layers, last))
-        feats, top = torch.cat(hid[:-1], -1), hid[-1]
-        n_img = embeds.shape[0] // len(chunk)
-        for i, e in enumerate(chunk):
-            n, f, c = len(e.ids), e.reasoning_start, e.cot_end
-            out.append(Teacher(e.ids, e.positions, f, c, embeds[i * n_img:(i + 1) * n_img].half(),
-                               feats[i, :n].half(), logits[i, f:c].half(), top[i, f:c].half()))
-    return out
-
-
-def draft_inputs(teachers: list[Teacher], draft: Draft, pad_id: int):
-    """Right-padded ids (B, T), cos/sin of the draft's rope, shifted features, image embeds."""
-    B, T = len(teachers), max(len(t.ids) for t in teachers)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    mpos = torch.zeros(3, B, T, dtype=torch.long)
-    feats = torch.zeros(B, T, teachers[0].feats.shape[-1])
-    for b, t in enumerate(teachers):
-        n = len(t.ids)
-        ids[b, :n] = torch.from_numpy(t.ids)
-        mpos[:, b, :n] = torch.from_numpy(t.positions)
-        mpos[:, b, n:] = mpos[:, b, n - 1:n] + torch.arange(1, T - n + 1)
-        feats[b, :n] = t.feats.float()
-    flat = torch.from_numpy(flat_position_ids(T))[None].expand(B, T)
-    cos, sin = draft.rope(flat if draft.cfg.rope == "flat" else mpos)
-    image_embeds = torch.cat([t.image_embeds.float() for t in teachers])
-    features = shift_features(feats) if draft.cfg.features == "fused" else None
-    return ids, cos, sin, features, image_embeds
 
 
 def distill_loss(draft: Draft, teachers: list[Teacher], text_ids: torch.Tensor, cfg: DistillConfig,
@@ -131,16 +81,14 @@ def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, 
 
 
 def run(cfg: DistillConfig) -> list[Path]:
-    from train.sft import load_examples
-
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    tok, model_cfg, target, _ = ckpt.load_planner(cfg.target)
+    tok, model_cfg, target, _ = io.load_planner(cfg.target)
     for p in target.parameters():
         p.requires_grad_(False)
-    examples = load_examples(cfg.data, tok, model_cfg.target.vision)
+    examples = data.load_examples(cfg.data, tok, model_cfg.target.vision)
     out = Path(cfg.run.out)
-    source = io.read_meta(Path(cfg.target) / "target")["modules"]["target"]["sha256"]
+    source = io.read_meta(io.scan(cfg.target)[0]["target"])["modules"]["target"]["sha256"]
     cache = reasoning.cache_reasoning(out / "reasoning.safetensors", target, examples, tok,
                                       cfg.max_new_tokens, cfg.gen_batch, source)
     print("greedy reasoning:", reasoning.summary(cache, tok))

@@ -8,59 +8,28 @@ the features the drafts read.
              the full CoC, after a cut half-way through it and from the prefill alone
              (the fallback), and of a constant-velocity extrapolation
     drafts   greedy tau at k (tokens per target forward, bonus included) of the exact greedy
-             speculative loop, replayed from the draft's chain predictions (train.ttt, which
+             speculative loop, replayed from the draft's chain predictions (models.chain, which
              equals the draft's cached chain), split by routine / commitment steps; and the
              draft's attention mass on history vs vision keys at the reasoning rows
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from prompt.config import check_range
-from train import ckpt, data, metrics, reasoning
+from models import io
+from models.chain import attention_probs, chain_forward
+from runtime.backend import load_backend
+from runtime.config import PlannerConfig, SpecConfig
+from runtime.planner import Planner
+from scenes import dataset
+from train import aarl, config, data, metrics, reasoning
 from train.card import write_card
-from train.config import DataConfig
-from train.distill import Teacher, build_teachers, draft_inputs
-from train.ttt import _expand, _finish, _qkv, chain_forward
-
-
-@dataclass
-class EvalConfig:
-    planner: str = "checkpoints/tiny"
-    # draft folders: names inside `planner`, or paths (other seeds' drafts); missing ones are skipped
-    drafts: tuple[str, ...] = ("draft-flat", "draft-mrope", "draft-flat-standalone", "draft-flat-aarl")
-    data: DataConfig = field(default_factory=lambda: DataConfig(split="test", max_scenes=100))
-    splits: tuple[str, ...] = ("test", "heldout", "unseen")
-    k: int = 8
-    max_new_tokens: int = 64
-    batch: int = 16
-    threads: int = 0
-    out: str = "runs/eval-tiny/metrics.json"
-    runtime_scenes: int = 0        # test scenes also run through runtime.Planner (torch backend)
-    aarl_scenes: int = 0           # heldout scenes on which draft-flat and draft-flat-aarl are scored
-                                   # with the AARL reward of `aarl_config` (same seeded rollouts)
-    aarl_config: str = "configs/train/aarl.yaml"
-    trajectory_samples: int = 1    # expert draws averaged per trajectory (runtime's trajectory_samples)
-    notes: tuple[str, ...] = ()    # facts about the runs the numbers cannot show (written into the card)
-    card: str = ""                 # MODEL_CARD.md to write from the metrics and the run logs ("" = none)
-    vision_run: str = "runs/vision-tiny"
-    sft_run: str = "runs/sft-tiny"
-    distill_run: str = "runs/distill-tiny"
-    aarl_run: str = "runs/aarl-tiny"
-
-    def __post_init__(self):
-        check_range("k", self.k, lo=1, hi=16)
-        check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
-        check_range("batch", self.batch, lo=1)
-        check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
-        check_range("aarl_scenes", self.aarl_scenes, lo=0)
-        for s in self.splits:
-            DataConfig(split=s)
+from train.config import DataConfig, EvalConfig
+from train.teachers import Teacher, build_teachers, draft_inputs
 
 
 @torch.no_grad()
@@ -133,34 +102,19 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
 def attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok):
     """Per scene: attention probability (mean over layers, heads and reasoning rows) on the
     history-token keys and on the vision-token keys (pass 0: the draft's causal forward)."""
-    x = draft._embed(ids, image_embeds)
-    if draft.cfg.features == "fused":
-        x = draft.in_proj(torch.cat([x, draft._fuse(features, ids.shape)], -1))
     hist = ((ids >= tok.hist_ids.start) & (ids < tok.hist_ids.stop)).float()
     vis = (ids == tok.image_pad).float()
-    B, T = ids.shape
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    h_mass, v_mass = [], []
-    for layer in draft.layers:
-        q, k, v = _qkv(layer, x, cos, sin)
-        k, v = _expand(k, q.shape[1]), _expand(v, q.shape[1])
-        scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~causal, float("-inf"))
-        p = torch.softmax(scores, -1)                                   # (B, H, T, T)
-        h_mass.append((p * hist[:, None, None]).sum(-1).mean(1))        # (B, T)
-        v_mass.append((p * vis[:, None, None]).sum(-1).mean(1))
-        x = _finish(layer, x, (p @ v).transpose(1, 2).reshape(B, T, -1))
-    H, V = torch.stack(h_mass).mean(0), torch.stack(v_mass).mean(0)
+    probs = attention_probs(draft, ids, cos, sin, features, image_embeds)      # (B, H, T, T) each
+    H = torch.stack([(p * hist[:, None, None]).sum(-1).mean(1) for p in probs]).mean(0)   # (B, T)
+    V = torch.stack([(p * vis[:, None, None]).sum(-1).mean(1) for p in probs]).mean(0)
     return ([float(H[b, t.first:t.cot_end].mean()) for b, t in enumerate(chunk)],
             [float(V[b, t.first:t.cot_end].mean()) for b, t in enumerate(chunk)])
 
 
 @torch.no_grad()
 def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict) -> dict:
-    from scenes import dataset
-    from train.sft import load_examples
-
     data_cfg = DataConfig(dir=cfg.data.dir, split=split, max_scenes=cfg.data.max_scenes)
-    exs = load_examples(data_cfg, tok, model_cfg.target.vision)
+    exs = data.load_examples(data_cfg, tok, model_cfg.target.vision)
     scenes = dataset.load(cfg.data.dir, split)
     toks, lens = [], []
     for s in range(0, len(exs), cfg.batch):
@@ -196,12 +150,8 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
 def aarl_reward(cfg: EvalConfig, tok, model_cfg, target, expert, drafts: dict) -> dict:
     """The AARL reward (train.aarl.score_draft, settings from cfg.aarl_config) of each draft on
     the first `aarl_scenes` heldout scenes, every draft on the same seeded rollouts."""
-    from scenes import dataset
-    from train import aarl, config
-    from train.sft import load_examples
-
     acfg = config.load("aarl", cfg.aarl_config)
-    exs = load_examples(DataConfig(dir=cfg.data.dir, split="heldout", max_scenes=cfg.aarl_scenes), tok,
+    exs = data.load_examples(DataConfig(dir=cfg.data.dir, split="heldout", max_scenes=cfg.aarl_scenes), tok,
                         model_cfg.target.vision)
     scenes = dataset.load(cfg.data.dir, "heldout")
     items = [(e, scenes[int(e.index)]) for e in exs]
@@ -212,16 +162,11 @@ def aarl_reward(cfg: EvalConfig, tok, model_cfg, target, expert, drafts: dict) -
 def runtime_check(cfg: EvalConfig, tok, drafts: list[str], reasoning_ids: list) -> dict:
     """tau of the runtime's own loop (runtime.Planner, torch backend, greedy, fixed k) on the
     first test scenes, and whether its reasoning equals the batched greedy reasoning."""
-    from runtime.backend import load_backend
-    from runtime.config import PlannerConfig, SpecConfig
-    from runtime.planner import Planner
-    from scenes import dataset
-
     scenes = dataset.load(cfg.data.dir, "test")
     planner_dir, out = Path(cfg.planner), {}
     for name in drafts:
-        be = load_backend("torch", tokenizer=tok, checkpoints={"target": planner_dir / "target",
-                          "expert": planner_dir / "expert", "draft": _draft_path(cfg.planner, name)})
+        be = load_backend("torch", tokenizer=tok, checkpoints={**io.scan(planner_dir)[0],
+                          "draft": _draft_path(cfg.planner, name)})
         spec = SpecConfig(k=cfg.k, k_max=cfg.k, adaptive=False)
         planner = Planner(be, tok, PlannerConfig(spec=spec, fallback="inline",
                                                  max_reasoning_tokens=cfg.max_new_tokens,
@@ -246,8 +191,8 @@ def _draft_path(planner: str, name: str) -> Path:
 def run(cfg: EvalConfig) -> str:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    tok, model_cfg, target, expert = ckpt.load_planner(cfg.planner)
-    drafts = {name: ckpt.load_draft(_draft_path(cfg.planner, name), target)[0] for name in cfg.drafts
+    tok, model_cfg, target, expert = io.load_planner(cfg.planner)
+    drafts = {name: io.load_draft(_draft_path(cfg.planner, name), model_cfg, target)[1] for name in cfg.drafts
               if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
     results = {"planner": cfg.planner, "k": cfg.k, "splits": {}}
     for split in cfg.splits:

@@ -16,7 +16,6 @@ move the reasoning); `expert_grad_to_target` lets them through.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -26,24 +25,22 @@ import torch
 import torch.nn.functional as F
 
 from models import io
-from models.action_expert import ActionExpert, v0_from_history, waypoints_to_actions
+from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.target import Target
 from prompt.config import to_dict
 from prompt.vocab import Tokenizer
 from train import data, dist, loop
 from train.config import SFTConfig
+from train.vision import load_into_target
+from train.vocab import build_tokenizer
 
 
 def build_models(preset: str, tok, seed: int) -> tuple[ModelConfig, Target, ActionExpert]:
     """The preset with vocabulary-dependent fields set from `tok`; weights seeded by `seed`."""
-    cfg = load_preset(preset)
-    llm = dataclasses.replace(cfg.target.llm, vocab_size=len(tok))
-    target_cfg = dataclasses.replace(cfg.target, llm=llm, image_token_id=tok.image_pad,
-                                     vision_start_id=tok.vision_start)
-    cfg = dataclasses.replace(cfg, target=target_cfg)
-    torch.manual_seed(seed)
-    return cfg, Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
+    cfg = io.with_tokenizer(load_preset(preset), tok)
+    target, expert, _ = io.new_models(cfg, seed)
+    return cfg, target, expert
 
 
 def per_scene_mean(values: torch.Tensor, rows: torch.Tensor, B: int, weights=None) -> torch.Tensor:
@@ -123,28 +120,6 @@ def sft_step(target: Target, expert: ActionExpert, batch: data.Batch, cfg: SFTCo
     return loss, {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in losses.items()}
 
 
-def inverse_unicycle(future, v0: float):
-    """(64, 3) expert future -> (64, 2) (accel, curvature) targets (models' inverse unicycle)."""
-    return waypoints_to_actions(torch.as_tensor(future, dtype=torch.float64), torch.tensor(v0, dtype=torch.float64)).float().numpy()
-
-
-def load_examples(data_cfg, tok, vision, keys: bool = False):
-    """The split's scenes as Examples; with keys=True also each scene's data.fact_key."""
-    from scenes import dataset
-
-    out, facts = [], []
-    for i, scene in enumerate(dataset.load(data_cfg.dir, data_cfg.split)):
-        if data_cfg.max_scenes and i >= data_cfg.max_scenes:
-            break
-        out.append(data.encode_scene(scene, tok, vision, inverse_unicycle, index=i))
-        if keys:
-            facts.append(data.fact_key(scene))
-    if not out:
-        raise ValueError(f"no scenes of split {data_cfg.split!r} in {data_cfg.dir!r}; "
-                         "generate them with `specdrive scenes generate`")
-    return (out, facts) if keys else out
-
-
 def set_action_normalization(expert: ActionExpert, examples: list[data.Example]) -> None:
     """The expert sees (a - mean) / std: per-channel mean and std of the training targets."""
     acts = torch.from_numpy(np.stack([e.actions for e in examples])).reshape(-1, expert.cfg.action_dim)
@@ -164,8 +139,6 @@ def save_target(folder, cfg: ModelConfig, target: Target, expert: ActionExpert, 
 def run_tokenizer(out: Path, world) -> Tokenizer:
     """The run's tokenizer: built from the CoC grammar at the first start and saved in the run
     folder (by rank 0), then always reloaded from there (a resumed run keeps its vocabulary)."""
-    from train.vocab import build_tokenizer
-
     path = out / "tokenizer.json"
     if world.main and not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
@@ -183,9 +156,8 @@ def run(cfg: SFTConfig) -> Path:
     tok = run_tokenizer(out, world)
     model_cfg, target, expert = build_models(cfg.preset, tok, cfg.run.seed)
     if cfg.init_vision:
-        from train.vision import load_into_target
         load_into_target(target, cfg.init_vision)
-    examples, keys = load_examples(cfg.data, tok, model_cfg.target.vision, keys=True)
+    examples, keys = data.load_examples(cfg.data, tok, model_cfg.target.vision, keys=True)
     set_action_normalization(expert, examples)
     traj_mask = torch.from_numpy(tok.traj_mask())
     weights = data.balance_weights(keys, cfg.data.balance)

@@ -6,28 +6,11 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import io
 from prompt.config import ConfigError
-from train.ckpt import VARIANTS
-
-
-@dataclass
-class ShipConfig:
-    sft: str = "runs/sft-tiny/ckpt"
-    drafts: dict = field(default_factory=lambda: {
-        "flat": "runs/distill-tiny/flat-s0/ckpt/draft-flat",
-        "mrope": "runs/distill-tiny/mrope-s0/ckpt/draft-mrope",
-        "flat-standalone": "runs/distill-tiny/flat-standalone-s0/ckpt/draft-flat-standalone",
-        "flat-aarl": "runs/aarl-tiny/ckpt/draft-flat-aarl"})
-    out: str = "checkpoints/tiny"
-
-    def __post_init__(self):
-        bad = sorted(set(self.drafts) - set(VARIANTS))
-        if bad:
-            raise ConfigError(f"drafts: unknown variant(s) {bad}; allowed {sorted(VARIANTS)}")
+from train.config import ShipConfig
 
 
 def _copy(src: Path, dst: Path) -> None:

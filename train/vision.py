@@ -28,8 +28,10 @@ from torch import nn
 from models.config import load_preset
 from models.vision import VisionTower
 from prompt.config import ConfigError, to_dict
+from scenes import dataset
+from scenes.config import DECISIONS
 from train import data, dist, loop
-from train.config import VisionConfig as VisionStageConfig
+from train.config import DataConfig, VisionStageConfig
 from train.metrics import cause_words   # the cause phrase: what the cameras should show
 
 WEIGHTS = "vision.safetensors"
@@ -70,8 +72,6 @@ def labels(scenes, word_index: dict, decisions: tuple) -> tuple[np.ndarray, np.n
 
 def load_split(data_cfg, split: str | None = None):
     """(images (N, 8, H, W, 3) uint8, scenes without their pixels kept twice)."""
-    from scenes import dataset
-
     scenes = []
     for i, s in enumerate(dataset.load(data_cfg.dir, split or data_cfg.split)):
         if data_cfg.max_scenes and i >= data_cfg.max_scenes:
@@ -133,8 +133,6 @@ def load_into_target(target, path) -> None:
 
 def run(cfg: VisionStageConfig) -> Path:
     """Pretrain the tower; writes RUN/vision.safetensors and RUN/val.json."""
-    from scenes.config import DECISIONS
-
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     world = dist.init()
@@ -171,7 +169,6 @@ def run(cfg: VisionStageConfig) -> Path:
 
     loop.fit(cfg.run, {"probe": probe}, step_fn, world, on_checkpoint, {"config": to_dict(cfg)})
     if world.main and cfg.val_scenes:
-        from train.config import DataConfig
         val = DataConfig(dir=cfg.data.dir, split="val", max_scenes=cfg.val_scenes)
         val_images, val_scenes = load_split(val)
         result = evaluate(probe, val_images, val_scenes, word_index, DECISIONS, vision)

@@ -10,15 +10,17 @@ Drafts: "routine" (models.draft.Draft, FlatRoPE; EAGLE alignment: row j holds to
 target feature of row j-1; chained proposals carry the draft's own hidden state, and the
 accepted ones are re-fed with the target's features next step), "self" (the target, or a
 noised copy, drafting for itself with its own cache: the branch tests' tau = k + 1), "none".
-On CUDA with eager=False each verify width and each draft feed width is captured once as a
-CUDA graph over a static forward (cache writes by index_copy_, a mask from a device `start`);
-eager=True (and CPU) runs the models' own forward. The fallback expert runs on its own stream.
+Every call runs the models' own forward (Target.forward, Draft.forward: one cache contract,
+rows written by index, attention over the static cache under a mask). On CUDA with eager=False
+each verify width and each draft feed width is captured once as a CUDA graph of that forward,
+with `start` a device tensor; static=True runs the same on CPU (what the tests compare with
+eager). This module holds only what is backend-specific: buffers, streams and graphs. The
+fallback expert runs on its own stream.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 
 import numpy as np
 import torch
@@ -26,8 +28,7 @@ import torch
 from models import io
 from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
-from models.draft import Draft, shift_features
-from models.layers import attend
+from models.draft import shift_features
 from models.target import Target
 from prompt.config import ConfigError
 from prompt.pixels import images_to_patches
@@ -90,6 +91,8 @@ class TorchBackend(Backend):
         if inputs.image_spans and self.images is None:
             raise ValueError("torch backend: a prompt with images needs vision(images) first")
         embeds, deep = self.images if inputs.image_spans else (None, None)
+        if embeds is not None:   # counted on the host: the forward reads nothing back
+            check_image_tokens(inputs.ids, self.cfg.target.image_token_id, embeds.shape[0])
         pos = torch.as_tensor(np.asarray(inputs.positions), device=self.device)[:, None]   # (3, 1, T)
         cos, sin = self.target.rope(pos)
         logits, hid = self.target(ids, cos, sin, self.cache, 0, embeds, deep, self.feature_layers)
@@ -130,9 +133,7 @@ class TorchBackend(Backend):
         if self.graphs is not None:
             logits, feats = self.graphs.target(ids, start)
         else:
-            logits, hid = self.target(ids, *self._text_rope(start, ids.shape[1]), self.cache, start,
-                                      hidden_layers=self.feature_layers)
-            feats = torch.cat(hid, -1)[0] if self.fused else None
+            logits, feats = self._verify(ids, *self._text_rope(start, ids.shape[1]), start)
         if self.fused:
             self.feats[start:start + ids.shape[1]] = feats
         return self._read(logits[0], readout, start + 1)
@@ -155,6 +156,18 @@ class TorchBackend(Backend):
             out = wp[0].float().cpu().numpy()
         return out
 
+    # --- the forwards the runner captures (start: an int, or a (1,) device tensor) ---------------
+    def _verify(self, ids, cos, sin, start):
+        """Target.forward over the cache -> logits (1, w, V), fused features (w, 3D) or None."""
+        logits, hid = self.target(ids, cos, sin, self.cache, start, hidden_layers=self.feature_layers)
+        return logits, (torch.cat(hid, -1)[0] if self.fused else None)
+
+    def _feed(self, ids, cos, sin, start, feat=None):
+        """Draft.forward (or the target's, for a self draft) -> logits, hidden (None: self)."""
+        if self.draft_kind == "self":
+            return self.draft_model(ids, cos, sin, self.draft_cache, start)[0], None
+        return self.draft_model(ids, cos, sin, self.draft_cache, start, feat)
+
     # --- internals -----------------------------------------------------------------------------
     def _text_rope(self, start: int, n: int):
         """cos, sin of text rows start..start+n-1: M-RoPE position row + delta on all axes."""
@@ -176,11 +189,7 @@ class TorchBackend(Backend):
     def _draft_step(self, ids, start: int, feat):
         if self.graphs is not None:
             return self.graphs.draft(ids, start, feat)
-        n = ids.shape[1]
-        if self.draft_kind == "self":
-            logits, _ = self.draft_model(ids, *self._text_rope(start, n), self.draft_cache, start)
-            return logits, None
-        return self.draft_model(ids, *self._draft_rope(start, n), self.draft_cache, start, feat)
+        return self._feed(ids, *self._draft_rope(start, ids.shape[1]), start, feat)
 
     def _masked(self, logits: torch.Tensor, index0: int) -> torch.Tensor:
         """logits (n, V) choosing the tokens at sequence indices index0.. -> masked fp32."""
@@ -206,21 +215,12 @@ class TorchBackend(Backend):
             raise ValueError(f"torch backend: rows [{start}, {start + n}) outside the cache [0, {self.max_len})")
 
 
-def with_tokenizer(cfg: ModelConfig, tok) -> ModelConfig:
-    """The preset with its vocabulary-dependent fields set from `tok` (as training does)."""
-    llm = dataclasses.replace(cfg.target.llm, vocab_size=len(tok))
-    target = dataclasses.replace(cfg.target, llm=llm, image_token_id=tok.image_pad,
-                                 vision_start_id=tok.vision_start)
-    return dataclasses.replace(cfg, target=target)
-
-
-def check_tokenizer(cfg: ModelConfig, tok, where: str) -> None:
-    t = cfg.target
-    want = (len(tok), tok.image_pad, tok.vision_start)
-    got = (t.llm.vocab_size, t.image_token_id, t.vision_start_id)
-    if got != want:
-        raise ConfigError(f"{where}: (vocab_size, image_token_id, vision_start_id) = {got} but the "
-                          f"tokenizer has {want}; the checkpoint belongs to another vocabulary")
+def check_image_tokens(ids, image_token_id: int, n_embeds: int) -> None:
+    """The prompt's image-pad count (host ids) must equal the vision tower's embeddings."""
+    n = int(np.count_nonzero(np.asarray(ids) == image_token_id))
+    if n != n_embeds:
+        raise ValueError(f"torch backend: {n} image tokens in the prompt but {n_embeds} image "
+                         "embeddings from vision(images); they must be equal")
 
 
 def noised_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
@@ -234,37 +234,6 @@ def noised_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Mod
     return other
 
 
-def _from_checkpoints(ckpts: dict, tok):
-    """{kind: folder} -> (cfg, target, expert, routine draft or None), every file checked."""
-    main = ckpts.get("planner") or ckpts["target"]
-    _, cfg, _ = io.load(main, kind="planner" if "planner" in ckpts else "target")
-    check_tokenizer(cfg, tok, str(main))
-    target, expert = Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
-    draft = None
-    if "planner" in ckpts:
-        draft = Draft(cfg, target.embed_tokens, target.lm_head)
-        io.load_into(main, {"target": target, "draft": draft, "expert": expert}, kind="planner")
-        return cfg, target, expert, draft
-    io.load_into(main, {"target": target}, kind="target")
-    if "expert" not in ckpts:
-        raise ConfigError(f"{main.parent}: no action expert checkpoint (meta.json kind 'expert')")
-    io.load_into(ckpts["expert"], {"expert": expert}, kind="expert")
-    if "draft" in ckpts:
-        cfg, draft = _load_draft(ckpts["draft"], cfg, target)
-    return cfg, target, expert, draft
-
-
-def _load_draft(folder, cfg: ModelConfig, target: Target):
-    _, dcfg, _ = io.load(folder, kind="draft")
-    if dcfg.target != cfg.target:
-        raise ConfigError(f"{folder}: this draft was trained for a different target (its "
-                          "meta.json target config differs from the target checkpoint's)")
-    cfg = dataclasses.replace(cfg, draft=dcfg.draft)
-    draft = Draft(cfg, target.embed_tokens, target.lm_head)
-    io.load_into(folder, {"draft": draft}, kind="draft")
-    return cfg, draft
-
-
 def create(tokenizer, preset: str | None = None, seed: int = 0, checkpoints: dict | None = None,
            draft: str | None = None, draft_noise: float = 0.0, device: str = "cpu",
            eager: bool = True, max_len: int = 1024, static: bool = False) -> TorchBackend:
@@ -274,19 +243,17 @@ def create(tokenizer, preset: str | None = None, seed: int = 0, checkpoints: dic
         raise ConfigError("torch backend: give exactly one of preset (random weights) or checkpoints")
     check_device(device)
     if preset is not None:
-        cfg = with_tokenizer(load_preset(preset), tokenizer)
-        torch.manual_seed(seed)
-        target, expert = Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
-        routine = Draft(cfg, target.embed_tokens, target.lm_head)
+        cfg = io.with_tokenizer(load_preset(preset), tokenizer)
+        target, expert, routine = io.new_models(cfg, seed)
     else:
-        cfg, target, expert, routine = _from_checkpoints(checkpoints, tokenizer)
+        cfg, target, expert, routine = io.load_models(checkpoints, tokenizer)
     kind, model = "routine", routine
     if draft == "self":
         kind, model = "self", noised_copy(target, draft_noise, seed + 1) if draft_noise else target
     elif draft == "none":
         kind, model = "none", None
     elif draft is not None:
-        cfg, model = _load_draft(draft, cfg, target)
+        cfg, model, _ = io.load_draft(draft, cfg, target)
     if kind == "routine" and model is None:
         raise ConfigError("the checkpoint has no draft (meta.json kind 'draft'); pass --draft DIR, "
                           "--draft self or --draft none")
@@ -308,22 +275,13 @@ def check_device(device: str) -> None:
         raise ConfigError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
 
 
-def _static_layer(blk, x, cos, sin, cache, rows, mask):
-    """A decoder layer with static shapes: K/V written at `rows` (device tensor) by index_copy_,
-    attention over all max_len cache rows with `mask` (w, max_len) hiding rows > start + i.
-    Same maths as models.layers.DecoderBlock; nothing here depends on a host value."""
-    q, k, v = blk.self_attn.qkv(blk.input_layernorm(x), cos, sin)
-    cache[0].index_copy_(2, rows, k)
-    cache[1].index_copy_(2, rows, v)
-    x = x + blk.self_attn.o_proj(attend(q, cache[0], cache[1], mask))
-    return x + blk.mlp(blk.post_attention_layernorm(x))
-
 
 class StaticRunner:
-    """Static-shape forwards of the verify (width w) and the draft feed (width w), run as they
-    are (CPU, `static=True`: what the tests compare with eager) or captured once per key as CUDA
-    graphs with static input/output buffers (torch.cuda.graph; warm-up on a side stream first).
-    Rotary tables of every text position are precomputed, so a replay only copies inputs."""
+    """Static-shape runs of the backend's verify and draft-feed forwards (Target.forward and
+    Draft.forward themselves, `start` a (1,) device tensor): as they are (CPU, `static=True`,
+    what the tests compare with eager) or captured once per key as CUDA graphs with static
+    input/output buffers (torch.cuda.graph; warm-up on a side stream first). Rotary tables of
+    every text position are precomputed, so a replay only copies inputs."""
 
     def __init__(self, be: TorchBackend, capture: bool):
         self.be, self.capture, self.graphs = be, capture, {}
@@ -333,13 +291,12 @@ class StaticRunner:
             self.draft_cos, self.draft_sin = be.draft_model.rope(rows)
         else:
             self.draft_cos, self.draft_sin = self.text_cos, self.text_sin
-        self.keys = torch.arange(be.max_len, device=be.device)
 
     def target(self, ids, start: int):
         w = ids.shape[1]
         p = start + self.be.delta
         args = (ids, self.text_cos[:, p:p + w], self.text_sin[:, p:p + w], self._start(start))
-        return self._run(("target", w), self._target_fn, args)
+        return self._run(("target", w), self.be._verify, args)
 
     def draft(self, ids, start: int, feat):
         w = ids.shape[1]
@@ -348,36 +305,10 @@ class StaticRunner:
         args = (ids, self.draft_cos[:, p:p + w], self.draft_sin[:, p:p + w], self._start(start))
         if feat is not None:
             args += (feat,)
-        return self._run(("draft", w, None if feat is None else feat.shape[-1]), self._draft_fn, args)
+        return self._run(("draft", w, None if feat is None else feat.shape[-1]), self.be._feed, args)
 
     def _start(self, start: int) -> torch.Tensor:
         return torch.tensor([start], device=self.be.device)
-
-    def _mask(self, start: torch.Tensor, w: int):
-        rows = start + torch.arange(w, device=start.device)              # (w,) cache rows
-        return rows, self.keys[None, :] <= rows[:, None]                 # (w, max_len)
-
-    def _target_fn(self, ids, cos, sin, start):
-        be = self.be
-        rows, mask = self._mask(start, ids.shape[1])
-        x, hid = be.target.embed_tokens(ids), {}
-        for i, blk in enumerate(be.target.layers):
-            x = _static_layer(blk, x, cos, sin, be.cache[i], rows, mask)
-            hid[i] = x
-        logits = be.target.lm_head(be.target.norm(x))
-        feats = [hid[i] for i in be.feature_layers]        # low, mid, top (may repeat a layer)
-        return logits, (torch.cat(feats, -1)[0] if feats else None)
-
-    def _draft_fn(self, ids, cos, sin, start, feat=None):
-        be, m = self.be, self.be.draft_model
-        rows, mask = self._mask(start, ids.shape[1])
-        x = m.embed_tokens(ids)
-        if be.fused:
-            f = m.fc(feat) if feat.shape[-1] != x.shape[-1] else feat
-            x = m.in_proj(torch.cat([x, f], -1))
-        for i, blk in enumerate(m.layers):
-            x = _static_layer(blk, x, cos, sin, be.draft_cache[i], rows, mask)
-        return m.lm_head(m.norm(x)), x
 
     def _run(self, key, fn, args):
         if not self.capture:

@@ -1,0 +1,155 @@
+"""The house rules that keep one model, one forward (ARCHITECTURE.md rule 7) and an acyclic
+import graph, checked on the source so they cannot quietly come back:
+
+- runtime/, train/ and tools/ name no model internals (decoder-layer, attention or draft-fusion
+  arithmetic, KV-cache writes): they call the public forwards and blocks of models/;
+- no file uses a private `_name` that another file defines;
+- no import cycle between modules of the project's packages, function-local imports included.
+"""
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("prompt", "scenes", "models", "runtime", "train", "tools", "export", "calibration", "engines")
+OUTSIDE_MODELS = ("runtime", "train", "tools")
+# what only models/ may write: the pieces of a decoder layer, attention, the draft's fusion
+# and the cache writes of the one cache contract
+INTERNALS = {
+    r"\bself_attn\b": "a decoder layer's attention module",
+    r"\b(input|post_attention)_layernorm\b": "a decoder layer's norms",
+    r"\.(q|k|v|o)_proj\(": "attention projections",
+    r"\.mlp\(": "a decoder layer's MLP",
+    r"\battend\(|scaled_dot_product_attention": "attention arithmetic",
+    r"\bin_proj\(|\.fc\(": "the draft's input fusion",
+    r"\bindex_copy_\(": "KV-cache writes",
+    r"\blm_head\(": "the LM head (call the model's head())",
+}
+# private names of the standard library / numpy / torch that files may use
+LIBRARY_PRIVATE = {"_replace", "_asdict", "_fields", "_make", "_exit", "_getframe"}
+
+
+def sources(packages):
+    for pkg in packages:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            yield f, f.read_text()
+
+
+def test_no_model_internals_outside_models():
+    hits = []
+    for f, text in sources(OUTSIDE_MODELS):
+        for n, line in enumerate(text.splitlines(), 1):
+            code = line.split("#", 1)[0]
+            for pattern, what in INTERNALS.items():
+                if re.search(pattern, code):
+                    hits.append(f"{f.relative_to(ROOT)}:{n}: {what}: {line.strip()}")
+    assert not hits, "model internals outside models/ (call a public block of models/):\n" + "\n".join(hits)
+
+
+def _defined(tree) -> set:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return names
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in LIBRARY_PRIVATE
+
+
+def test_no_private_name_of_another_file():
+    hits = []
+    for f, text in sources(PACKAGES):
+        tree = ast.parse(text, str(f))
+        mine = _defined(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                hits += [f"{f.relative_to(ROOT)}:{node.lineno}: imports {a.name} from {node.module}"
+                         for a in node.names if _private(a.name)]
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in mine:
+                hits.append(f"{f.relative_to(ROOT)}:{node.lineno}: uses .{node.attr}, defined in another file")
+    assert not hits, "private names used across files (make them public where they belong):\n" + "\n".join(hits)
+
+
+def import_graph(packages=PACKAGES) -> dict[str, set]:
+    """{module: project modules it imports}, every import statement (function-local too)."""
+    files = {}
+    for pkg in packages:
+        for f in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            files[name.removesuffix(".__init__")] = f
+    graph = {m: set() for m in files}
+    for mod, f in files.items():
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = mod.split(".")
+                    keep = len(parts) - node.level + (f.name == "__init__.py")
+                    base = ".".join(parts[:keep] + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                while t and t not in files:
+                    t = t.rpartition(".")[0]
+                if t and t != mod and not t.startswith(mod + "."):   # a package importing its children is fine
+                    graph[mod].add(t)
+    return graph
+
+
+def cycles(graph: dict[str, set]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_in_any_package():
+    graph = import_graph()
+    assert len(graph) > 50 and graph["train.sft"], "the import graph looks empty: is ROOT right?"
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)

@@ -1,0 +1,68 @@
+"""What a draft learns from and is measured against: one no-grad target pass over prompt +
+reasoning per scene (the teacher), and the draft's inputs over a batch of teachers. Shared by
+distillation (train.distill) and evaluation (train.evaluate).
+
+    Teacher           ids, positions, first/cot_end rows, image embeds, fused features,
+                      target logits and top hidden at the reasoning rows (fp16)
+    build_teachers(target, examples, feature_layers, batch) -> [Teacher]
+    draft_inputs(teachers, draft, pad_id) -> ids, cos, sin, shifted features, image embeds
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.draft import Draft, shift_features
+from prompt.positions import flat_position_ids
+from train import data
+
+
+@dataclass
+class Teacher:
+    ids: np.ndarray          # (T,) prompt + greedy reasoning up to <|cot_end|>
+    positions: np.ndarray    # (3, T) target M-RoPE ids
+    first: int               # reasoning_start: first row a draft writes
+    cot_end: int
+    image_embeds: torch.Tensor   # (n_vision, D) fp16
+    feats: torch.Tensor      # (T, 3D) fp16 target hiddens of feature_layers (unshifted)
+    logits: torch.Tensor     # (cot_end - first, V) fp16 target logits at rows first..cot_end-1
+    top: torch.Tensor        # (cot_end - first, D) fp16 target last-layer hidden at those rows
+
+
+@torch.no_grad()
+def build_teachers(target, examples: list, feature_layers: tuple, batch: int) -> list[Teacher]:
+    out, last = [], target.cfg.llm.layers - 1
+    for s in range(0, len(examples), batch):
+        chunk = examples[s:s + batch]
+        b = data.collate(chunk, 0, target.cfg.vision)
+        embeds, deep = target.encode_images(b.pixels, b.grid_thw)
+        logits, hid = target(b.ids, *target.rope(b.positions), None, 0, embeds, deep,
+                             hidden_layers=(*feature_layers, last))
+        feats, top = torch.cat(hid[:-1], -1), hid[-1]
+        n_img = embeds.shape[0] // len(chunk)
+        for i, e in enumerate(chunk):
+            n, f, c = len(e.ids), e.reasoning_start, e.cot_end
+            out.append(Teacher(e.ids, e.positions, f, c, embeds[i * n_img:(i + 1) * n_img].half(),
+                               feats[i, :n].half(), logits[i, f:c].half(), top[i, f:c].half()))
+    return out
+
+
+def draft_inputs(teachers: list[Teacher], draft: Draft, pad_id: int):
+    """Right-padded ids (B, T), cos/sin of the draft's rope, shifted features, image embeds."""
+    B, T = len(teachers), max(len(t.ids) for t in teachers)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    mpos = torch.zeros(3, B, T, dtype=torch.long)
+    feats = torch.zeros(B, T, teachers[0].feats.shape[-1])
+    for b, t in enumerate(teachers):
+        n = len(t.ids)
+        ids[b, :n] = torch.from_numpy(t.ids)
+        mpos[:, b, :n] = torch.from_numpy(t.positions)
+        mpos[:, b, n:] = mpos[:, b, n - 1:n] + torch.arange(1, T - n + 1)
+        feats[b, :n] = t.feats.float()
+    flat = torch.from_numpy(flat_position_ids(T))[None].expand(B, T)
+    cos, sin = draft.rope(flat if draft.cfg.rope == "flat" else mpos)
+    image_embeds = torch.cat([t.image_embeds.float() for t in teachers])
+    features = shift_features(feats) if draft.cfg.features == "fused" else None
+    return ids, cos, sin, features, image_embeds
