@@ -9,6 +9,9 @@ import argparse
 import importlib
 import sys
 
+from prompt.config import ConfigError
+from train import config
+
 RUNNERS = {"vision": "train.vision:run", "sft": "train.sft:run", "distill": "train.distill:run", "aarl": "train.aarl:run",
            "ship": "train.ship:run", "eval": "train.evaluate:run"}
 
@@ -24,8 +27,6 @@ def add_parser(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from train import config
-
     cfg = config.load(args.stage, args.config)
     module_name, func = RUNNERS[args.stage].split(":")
     result = getattr(importlib.import_module(module_name), func)(cfg)
@@ -38,7 +39,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.cli")
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    from prompt.config import ConfigError
     try:
         return args.run(args)
     except ConfigError as e:

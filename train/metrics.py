@@ -8,7 +8,13 @@
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+
+from scenes.coc import ACTION, CAUSE
+from scenes.config import EGO_LENGTH, EGO_WIDTH
+from scenes.geometry import boxes_overlap
 
 ROUTINE_COMMAS = 4      # speed, trend, heading, distance (scenes.coc.routine_words)
 
@@ -38,8 +44,6 @@ def commitment_correct(words: list[str], scene) -> tuple[bool, bool]:
     cause must say what the scene's cause phrase says, in either grammar variant (the variant
     is a coin flip the model cannot see), the action a phrase of the scene's decision (either
     variant)."""
-    from scenes.coc import ACTION
-
     cause, action = split_commitment(words[routine_length(words):])
     causes = cause_phrases(scene.family, cause_words(scene), getattr(scene, "routine_variant", 0))
     return cause in causes, action in [list(a) for a in ACTION[scene.decision]]
@@ -53,10 +57,6 @@ FACT_OPTIONS = {"noun": ("car", "van"), "light": ("red", "yellow", "green"), "si
 def cause_phrases(family: str, gt_cause: list[str], variant: int) -> list[list[str]]:
     """Every cause phrase of `family`'s grammar (both variants) built from facts under which the
     scene's own variant says `gt_cause`; just [gt_cause] for a family without a grammar."""
-    import itertools
-
-    from scenes.coc import CAUSE
-
     if family not in CAUSE:
         return [gt_cause]
     out = [gt_cause]
@@ -103,9 +103,6 @@ NON_SOLID = ("traffic_light", "stop_sign")   # poles stand off the road (scenes.
 def collides(waypoints: np.ndarray, scene) -> bool:
     """Does the ego box along `waypoints` (64, 3) (t0 + 0.1 .. 6.4 s) overlap a solid agent at
     the same time step? Agent poses run from t0 - 1.5 s, so future step k is index 16 + k."""
-    from scenes.config import EGO_LENGTH, EGO_WIDTH
-    from scenes.geometry import boxes_overlap
-
     wp = np.asarray(waypoints, dtype=np.float64)
     n = len(wp)
     ego = np.column_stack([wp[:, :3], np.full(n, EGO_LENGTH), np.full(n, EGO_WIDTH)])

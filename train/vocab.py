@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 from prompt.vocab import Tokenizer
+from scenes.coc import vocabulary
 
 
 def build_tokenizer() -> Tokenizer:
     """Tokenizer over `scenes.coc.vocabulary()` (every word the CoC grammar can produce)."""
-    from scenes.coc import vocabulary
-
     return Tokenizer.build(vocabulary())
