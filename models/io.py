@@ -300,7 +300,13 @@ def with_tokenizer(cfg: config_module.ModelConfig, tok) -> config_module.ModelCo
     return dataclasses.replace(cfg, target=target)
 
 
-def check_tokenizer(cfg: config_module.ModelConfig, tok, where: str) -> None:
+def check_tokenizer(cfg: config_module.ModelConfig, tok, where: str, meta: Mapping | None = None) -> None:
+    """The tokenizer must be the checkpoint's: same vocabulary-dependent config fields and,
+    when meta.json recorded one, the same fingerprint (ids mean words in one order only)."""
+    want_sha = (meta or {}).get("tokenizer_sha256")
+    if want_sha is not None and want_sha != tok.fingerprint:
+        raise ConfigError(f"{where}: the tokenizer (sha256 {tok.fingerprint[:12]}...) is not the one this "
+                          f"checkpoint was trained with (sha256 {str(want_sha)[:12]}...)")
     t = cfg.target
     want = (len(tok), tok.image_pad, tok.vision_start)
     got = (t.llm.vocab_size, t.image_token_id, t.vision_start_id)
@@ -320,8 +326,8 @@ def load_models(ckpts: Mapping[str, Path], tok):
     """{kind: folder} (target + expert [+ draft], or planner) -> (cfg, target, expert, draft or
     None), every file checked against its meta.json and the tokenizer; eval mode."""
     main = Path(ckpts.get("planner") or ckpts["target"])
-    _, cfg, _ = load(main, kind="planner" if "planner" in ckpts else "target")
-    check_tokenizer(cfg, tok, str(main))
+    _, cfg, meta = load(main, kind="planner" if "planner" in ckpts else "target")
+    check_tokenizer(cfg, tok, str(main), meta)
     target, expert = Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
     draft = None
     if "planner" in ckpts:

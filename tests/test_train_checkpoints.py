@@ -41,3 +41,16 @@ def test_shipped_models_load_and_reason():
             _, draft, meta = io.load_draft(SHIPPED / f"draft-{d}", cfg, target)
             assert meta["variant"] == d and draft.cfg.rope == ckpt.VARIANTS[d][0]
             assert all(torch.isfinite(p).all() for p in draft.parameters())
+
+
+def test_one_loader_refuses_a_reordered_tokenizer():
+    """models.io checks the tokenizer fingerprint the checkpoint recorded: the same words in
+    another order would give the same sizes and special ids but other meanings."""
+    from prompt.config import ConfigError
+    from prompt.vocab import Tokenizer
+
+    tok = Tokenizer.load(SHIPPED / "tokenizer.json")
+    other = Tokenizer.build(list(reversed(tok.words)))
+    assert len(other) == len(tok) and other.fingerprint != tok.fingerprint
+    with pytest.raises(ConfigError, match="not the one this checkpoint was trained with"):
+        io.load_models(io.scan(SHIPPED)[0], other)

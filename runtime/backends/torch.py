@@ -275,7 +275,6 @@ def check_device(device: str) -> None:
         raise ConfigError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
 
 
-
 class StaticRunner:
     """Static-shape runs of the backend's verify and draft-feed forwards (Target.forward and
     Draft.forward themselves, `start` a (1,) device tensor): as they are (CPU, `static=True`,
