@@ -11,8 +11,9 @@ x0 ~ N(0, I) noise and x1 the normalised actions; the network predicts the veloc
 sampling integrates dx/dt = v(x_t, t) from t = 0 (noise) to 1 with `euler_steps` Euler steps.
 
 Attention: the 64 action tokens are non-causal among themselves and see the target's cache
-rows [0, cache_len) in every layer: keys are all max_len cache rows under a mask (rows past
-cache_len are masked), so the shapes are static and nothing is read back from the device. The expert projects
+rows [0, cache_len) in every layer (rows past cache_len are never read). cache_len is host
+data (an int, or host lengths): the number of rows to read is known before the call, so
+nothing is read back from the device (a graph or an export takes it as its bucket size). The expert projects
 its queries, keys and values into the target's kv_heads x head_dim; its own K/V are joined to
 the cache rows per call and never written into the target's cache, which the reasoning may
 still be writing (the fallback trajectory runs beside it). Positions continue the target's
@@ -128,11 +129,12 @@ class ActionExpert(nn.Module):
 
         target_cache (layers, 2, Bc, kv_heads, max_len, head_dim), Bc = B or 1 (shared prompt);
         cache_len: a host int, or (B,) host lengths (row j of scene b is read iff j < cache_len[b]).
-        Keys are all max_len cache rows under that mask, then the W action rows: static shapes.
+        The keys are the first max(cache_len) cache rows (a count known on the host, so nothing
+        is read back from the device), then the W action rows.
         """
         B = x.shape[0]
-        mask = self._cache_mask(target_cache, cache_len, B)
-        ctx = target_cache.expand(-1, -1, B, -1, -1, -1)
+        rows, mask = self._cache_keys(target_cache, cache_len, B)
+        ctx = target_cache[:, :, :, :, :rows].expand(-1, -1, B, -1, -1, -1)
         h = self.action_in_proj(x, t)
         for blk, layer_ctx in zip(self.layers, ctx):
             q, k, v = blk.qkv(h, cos, sin)
@@ -140,9 +142,9 @@ class ActionExpert(nn.Module):
             h = blk.finish(h, attend(q, k, v, mask))
         return self.action_out_proj(self.norm(h))
 
-    def _cache_mask(self, cache: torch.Tensor, cache_len, batch: int) -> torch.Tensor:
-        """Validate (on the host); bool mask (B or 1, 1, 1, max_len + W): valid cache rows, then
-        every action row (non-causal among the waypoints)."""
+    def _cache_keys(self, cache: torch.Tensor, cache_len, batch: int):
+        """Validate on the host; -> (cache rows to read = max(cache_len), bool mask (B, 1, 1,
+        rows + W) hiding each scene's rows past its own length, or None when all are equal)."""
         llm = self.llm
         want = (llm.layers, 2, llm.kv_heads, llm.head_dim)
         got = (cache.shape[0], cache.shape[1], cache.shape[3], cache.shape[5]) if cache.dim() == 6 else None
@@ -152,13 +154,15 @@ class ActionExpert(nn.Module):
         if cache.shape[2] not in (1, batch):
             raise ValueError(f"target_cache batch {cache.shape[2]} must be 1 or the expert batch {batch}")
         lens = torch.as_tensor(cache_len).reshape(-1)
-        max_len = cache.shape[4]
-        if lens.device.type != "cpu" or lens.numel() not in (1, batch) or lens.min() < 0 or lens.max() > max_len:
+        if lens.device.type != "cpu" or lens.numel() not in (1, batch) or lens.min() < 0 \
+                or lens.max() > cache.shape[4]:
             raise ValueError(f"cache_len={cache_len} must be a host int or ({batch},) host lengths in "
-                             f"[0, max_len={max_len}]")
-        keys = torch.arange(max_len + self.cfg.n_waypoints, device=cache.device)
-        lens = lens.to(cache.device)
-        return ((keys < lens[:, None]) | (keys >= max_len))[:, None, None]
+                             f"[0, max_len={cache.shape[4]}]")
+        rows = int(lens.max())           # host lengths: no device read-back
+        if bool((lens == rows).all()):
+            return rows, None
+        keys = torch.arange(rows + self.cfg.n_waypoints)
+        return rows, ((keys < lens[:, None]) | (keys >= rows))[:, None, None].to(cache.device)
 
     def normalize(self, actions: torch.Tensor) -> torch.Tensor:
         return (actions - self.action_mean) / self.action_std
