@@ -8,7 +8,7 @@ backend that runs it. Anything else is refused with a ConfigError saying what wa
 """
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
@@ -93,37 +93,50 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     return tok
 
 
-def open_backend(args, cfg, default_tokenizer=None):
-    """The backend and tokenizer the command line asks for: (backend, tokenizer).
+@dataclass
+class ModelSource:
+    """What a planner runs: exactly one of an engines folder, a checkpoint folder or a preset
+    of random weights (seeded by random_init), and how (backend, draft, torch device)."""
+    engines: Path | None = None
+    checkpoint: Path | None = None
+    preset: str | None = None
+    random_init: int | None = None
+    backend: str | None = None
+    draft: str | None = None
+    device: str = "cpu"
+    eager: bool = False
 
-    Random-weight models (--preset) have no tokenizer.json; `default_tokenizer()` gives theirs.
+
+def open_backend(src: ModelSource, max_len: int, default_tokenizer=None):
+    """The backend (caches of `max_len` rows) and tokenizer of `src`: (backend, tokenizer).
+
+    Random-weight models (a preset) have no tokenizer.json; `default_tokenizer()` gives theirs.
     """
-    max_len = 1024
-    if args.engines is not None:
-        meta = read_meta(args.engines)
+    if src.engines is not None:
+        meta = read_meta(src.engines)
         name = meta.get("backend")
         if meta["kind"] != "engines" or name not in BACKENDS:
-            raise ConfigError(f"{args.engines}/meta.json: kind {meta['kind']!r} backend {name!r}; "
+            raise ConfigError(f"{src.engines}/meta.json: kind {meta['kind']!r} backend {name!r}; "
                               f"expected kind 'engines' and a backend of {sorted(BACKENDS)}")
-        if args.backend and args.backend != name:
-            raise ConfigError(f"--backend {args.backend} but {args.engines} holds {name} engines")
-        tok = load_tokenizer(args.engines)
-        return load_backend(name, engines=args.engines, meta=meta, tokenizer=tok), tok
-    name = args.backend or "torch"
+        if src.backend and src.backend != name:
+            raise ConfigError(f"--backend {src.backend} but {src.engines} holds {name} engines")
+        tok = load_tokenizer(src.engines)
+        return load_backend(name, engines=src.engines, meta=meta, tokenizer=tok), tok
+    name = src.backend or "torch"
     if name not in ("torch", "table"):
         raise ConfigError(f"--backend {name} runs built engines: give --engines DIR "
                           "(--checkpoint and --preset run the torch reference backend)")
-    if args.checkpoint is not None:
-        tok = load_tokenizer(args.checkpoint)
-        ckpts = find_checkpoints(args.checkpoint, args.draft)
-        draft = None if "draft" in ckpts else args.draft   # a variant found here, or self/none/a path
+    if src.checkpoint is not None:
+        tok = load_tokenizer(src.checkpoint)
+        ckpts = find_checkpoints(src.checkpoint, src.draft)
+        draft = None if "draft" in ckpts else src.draft    # a variant found here, or self/none/a path
         return load_backend(name, checkpoints=ckpts, tokenizer=tok, draft=draft,
-                            device=args.device, eager=args.eager, max_len=max_len), tok
+                            device=src.device, eager=src.eager, max_len=max_len), tok
     if default_tokenizer is None:
         raise ConfigError("--preset models need a tokenizer; give --checkpoint DIR with tokenizer.json")
     tok = default_tokenizer()
     if name == "table":
-        return load_backend("table", vocab_size=len(tok), max_len=max_len, seed=args.random_init,
+        return load_backend("table", vocab_size=len(tok), max_len=max_len, seed=src.random_init,
                             draft_noise=0.5, stop_id=tok.cot_end, stop_slope=0.3), tok
-    return load_backend(name, preset=args.preset, seed=args.random_init, tokenizer=tok,
-                        draft=args.draft, device=args.device, eager=args.eager, max_len=max_len), tok
+    return load_backend(name, preset=src.preset, seed=src.random_init, tokenizer=tok,
+                        draft=src.draft, device=src.device, eager=src.eager, max_len=max_len), tok

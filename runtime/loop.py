@@ -14,7 +14,6 @@ k = 0 is a plain target step (width 1, no draft call): plain decoding is this lo
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,13 +21,7 @@ import numpy as np
 
 from runtime.acceptance import accept_greedy, accept_relaxed, accept_sampling, process_logits, sample
 from runtime.backend import PrefillInputs
-
-BRANCHES = ("plain", "all_accepted", "partial", "first_rejected", "stop_in_block", "max_length")
-
-
-def perf_ms() -> float:
-    return time.perf_counter() * 1e3
-
+from runtime.budget import wall_ms
 
 class GreedyRule:
     """Exact greedy: output identical to plain greedy decoding of the target."""
@@ -82,19 +75,6 @@ class SamplingRule:
         return accept_sampling(draft, q, self.probs(rows), self.rng)
 
 
-class FixedK:
-    """The same k every step (k = 0: plain decoding)."""
-
-    def __init__(self, k: int):
-        self.k = int(k)
-
-    def next_k(self, pending: int) -> int | None:
-        return self.k
-
-    def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int) -> None:
-        pass
-
-
 @dataclass
 class DecodeState:
     seq: list
@@ -136,7 +116,7 @@ class DecodeStats:
 
 
 def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int,
-           reserve: int = 0, clock=perf_ms, stats: DecodeStats | None = None) -> str:
+           reserve: int = 0, clock=wall_ms, stats: DecodeStats | None = None) -> str:
     """Step until seq ends with a stop id ("stop"), reaches `limit` tokens ("limit"), the cache
     (less `reserve` rows kept for the trajectory tail) is full ("max_len"), or the policy
     returns None ("budget"). Returns the reason; `state` and `stats` are updated in place."""
@@ -197,7 +177,7 @@ def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, ve
     stats.branches[branch] += 1
 
 
-def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, clock=perf_ms,
+def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, clock=wall_ms,
              positions=None, rope_delta: int = 0):
     """Prefill a token prompt and decode up to max_new tokens -> (new tokens, reason, stats).
 

@@ -12,7 +12,8 @@ from prompt.vocab import Tokenizer
 from runtime.artifacts import find_checkpoints
 from models.io import with_tokenizer
 from runtime.backends.torch import create
-from runtime.loop import FixedK, GreedyRule, generate
+from policies import FixedK
+from runtime.loop import GreedyRule, generate
 from test_spec_torch import build, one_thread, tiny_config  # noqa: F401  (fixture)
 
 TOK = Tokenizer.build("ego is cruising at 12 m/s , so keep speed".split())

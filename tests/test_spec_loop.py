@@ -15,7 +15,8 @@ from runtime.adaptive import CostModel, StepPolicy
 from runtime.backend import PrefillInputs
 from runtime.backends.table import TableBackend
 from runtime.config import BudgetConfig
-from runtime.loop import (DecodeState, DecodeStats, FixedK, GreedyRule, SamplingRule, decode,
+from policies import FixedK
+from runtime.loop import (DecodeState, DecodeStats, GreedyRule, SamplingRule, decode,
                           generate)
 
 V, STOP = 48, 3

@@ -24,7 +24,8 @@ from models.io import with_tokenizer
 from runtime.backend import PrefillInputs
 from runtime.backends.torch import TorchBackend, noised_copy
 from runtime.config import BudgetConfig
-from runtime.loop import FixedK, GreedyRule, generate
+from policies import FixedK
+from runtime.loop import GreedyRule, generate
 
 V, SCENES, MAX_NEW, TIE = 96, 200, 16, 1e-5
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError
-from runtime.artifacts import open_backend
+from runtime.artifacts import ModelSource, open_backend
 from runtime.config import DECODING, TRAJECTORY_SOURCES, load_planner_config
 from runtime.planner import Planner
 from tools.report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
@@ -92,7 +92,10 @@ def run(args) -> int:
         raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder (it is created if missing)")
     if args.threads < 0:
         raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    backend, tok = open_backend(args, cfg, default_tokenizer)
+    src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
+                      random_init=args.random_init, backend=args.backend, draft=args.draft,
+                      device=args.device, eager=args.eager)
+    backend, tok = open_backend(src, cfg.max_len, default_tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)
     with torch_threads(args.threads):
