@@ -31,7 +31,6 @@ from tools import bench_report
 from tools.threads import torch_threads
 from tools.bench_run import BenchConfig, BenchScene, machine_info, make_modes, run_bench
 
-MAX_LEN = 1024
 SELF_DRAFTS = ("self",)
 
 
@@ -95,8 +94,9 @@ def _selected(names: list[str], wanted: list[str], what: str) -> list[str]:
     return wanted
 
 
-def open_backends(args):
-    """(tokenizer, plain backend, {draft label: backend}, description of the source)."""
+def open_backends(args, max_len: int):
+    """(tokenizer, plain backend, {draft label: backend} with caches of max_len rows, description
+    of the source)."""
     name = args.backend or "torch"
     if args.engines is not None:
         meta = read_meta(args.engines)
@@ -108,7 +108,7 @@ def open_backends(args):
         return tok, be, {str(meta.get("draft", "draft")): be}, f"engines {args.engines}"
     if name != "torch":
         raise ConfigError(f"--backend {name} runs built engines: give --engines DIR")
-    common = {"device": args.device, "eager": args.eager, "max_len": MAX_LEN}
+    common = {"device": args.device, "eager": args.eager, "max_len": max_len}
     if args.checkpoint is not None:
         return _checkpoint_backends(args, common)
     if args.random_init is None:
@@ -187,7 +187,7 @@ def run(args) -> int:
     cfg = bench_config(args, profile)
     if args.threads < 0:
         raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    tok, plain, drafts, source = open_backends(args)
+    tok, plain, drafts, source = open_backends(args, profile.max_len)
     modes = make_modes(drafts, plain, cfg)
     with torch_threads(args.threads):
         try:
