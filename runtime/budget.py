@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from runtime import trace
 from runtime.config import BudgetConfig
 
 MEASURED_STAGES = ("vision", "prefill", "trajectory")
@@ -145,6 +146,7 @@ class CycleBudget:
 
     def __init__(self, cfg: BudgetConfig, costs: CostModel, clock=wall_ms):
         self.cfg, self.costs, self.clock = cfg, costs, clock
+        self._range = trace.begin("cycle")      # closed by finish (runtime/trace.py)
         self.start = clock()
         self.deadline = self.start + cfg.budget_ms if cfg.enabled else math.inf
         self.stages: dict[str, float] = {}
@@ -160,7 +162,8 @@ class CycleBudget:
         own name when it is one of MEASURED_STAGES), the worst cases of later cycles."""
         t0 = self.clock()
         try:
-            yield
+            with trace.span(name):
+                yield
         finally:
             ms = self.clock() - t0
             self.stages[name] = self.stages.get(name, 0.0) + ms
@@ -222,6 +225,8 @@ class CycleBudget:
         if self.cfg.enabled and now > self.deadline:
             self.flag("miss")
         self.costs.age()
+        trace.end(self._range)
+        self._range = None
         return {"total_ms": round(total, 3), "budget_ms": self.cfg.budget_ms or None,
                 "slack_ms": None if slack is None else round(slack, 3),
                 "stages_ms": {k: round(v, 3) for k, v in self.stages.items()},

@@ -22,6 +22,7 @@ import numpy as np
 from runtime.acceptance import accept_greedy, accept_relaxed, accept_sampling, process_logits, sample
 from runtime.backend import PrefillInputs
 from runtime.budget import wall_ms
+from runtime.trace import span
 
 class GreedyRule:
     """Exact greedy: output identical to plain greedy decoding of the target."""
@@ -101,6 +102,7 @@ class DecodeStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     ks: list = field(default_factory=list)
+    ns: list = field(default_factory=list)     # accepted draft tokens per step
     branches: Counter = field(default_factory=Counter)
 
     @property
@@ -111,8 +113,8 @@ class DecodeStats:
     def to_json(self) -> dict:
         return {"steps": self.steps, "emitted": self.emitted, "drafted": self.drafted,
                 "accepted": self.accepted, "tau": round(self.tau, 4), "ks": list(self.ks),
-                "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3),
-                "branches": dict(self.branches)}
+                "ns": list(self.ns), "draft_ms": round(self.draft_ms, 3),
+                "verify_ms": round(self.verify_ms, 3), "branches": dict(self.branches)}
 
 
 def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int,
@@ -144,12 +146,15 @@ def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, s
     t0 = clock()
     draft = np.zeros(0, np.int64)
     if k:
-        draft = np.asarray(backend.draft(np.asarray(state.seq[state.d_len:], np.int64),
-                                         state.d_len, k, rule.pick), dtype=np.int64)
+        with span("draft"):
+            draft = np.asarray(backend.draft(np.asarray(state.seq[state.d_len:], np.int64),
+                                             state.d_len, k, rule.pick), dtype=np.int64)
     t1 = clock()
-    rows = backend.verify(np.concatenate([pending, draft]), state.t_len, rule.readout)
+    with span("verify"):
+        rows = backend.verify(np.concatenate([pending, draft]), state.t_len, rule.readout)
     t2 = clock()
-    n, t = rule.accept(draft, rows[len(pending) - 1:])
+    with span("accept"):
+        n, t = rule.accept(draft, rows[len(pending) - 1:])
     emitted = [int(x) for x in draft[:n]] + [t]
     cut = next((i for i, x in enumerate(emitted) if x in stops), None)
     if cut is not None and cut < n:
@@ -173,6 +178,7 @@ def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, ve
     stats.draft_ms += draft_ms
     stats.verify_ms += verify_ms
     stats.ks.append(k)
+    stats.ns.append(n)
     branch = "plain" if k == 0 else "all_accepted" if n == k else "first_rejected" if n == 0 else "partial"
     stats.branches[branch] += 1
 

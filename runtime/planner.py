@@ -31,6 +31,7 @@ from runtime.checks import check_history, check_trajectory, comfortable_stop, eg
 from runtime.config import PlannerConfig
 from runtime.cycle import CycleResult, InputError, check_images, future_from_tokens
 from runtime.loop import DecodeState, DecodeStats, GreedyRule, RelaxedRule, SamplingRule, decode
+from runtime.trace import span
 
 FUTURE_TOKENS = 128
 WAIT_FLOOR_MS = 50.0
@@ -64,11 +65,13 @@ class Planner:
         not acquired within lock_timeout s raises TimeoutError."""
         lock = self.expert_lock
         if lock is None:
-            return self.backend.action(*args, **self.action_options())
+            with span("action"):
+                return self.backend.action(*args, **self.action_options())
         if not lock.acquire(timeout=lock_timeout):
             raise TimeoutError(f"the expert is busy (the fallback trajectory) after {lock_timeout:.3f} s")
         try:
-            return self.backend.action(*args, **self.action_options())
+            with span("action"):
+                return self.backend.action(*args, **self.action_options())
         finally:
             lock.release()
 
@@ -339,7 +342,8 @@ class _Cycle:
         if error:
             res.error = error
         if traj is not None:
-            res.checks = check_trajectory(traj, self.v0, checks)
+            with span("checks"):
+                res.checks = check_trajectory(traj, self.v0, checks)
             if not res.checks:   # the reasoning closed by itself, or was cut (budget, length)
                 res.trajectory = np.asarray(traj, np.float32)
                 res.source = "reasoning" if res.stop_reason == "stop" else "cut_reasoning"
