@@ -24,6 +24,9 @@ def _subcommands():
         "train": "train.cli:add_parser",
         "bench": "tools.bench:add_parser",
         "trajectory-cost": "tools.trajectory_cost:add_parser",
+        "profile": "tools.profile:add_parser",
+        "roofline": "tools.roofline:add_parser",
+        "timeline": "tools.timeline:add_parser",
     }
 
 
