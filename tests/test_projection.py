@@ -1,0 +1,96 @@
+"""The roofline projection (tools/projection.py), the devices table and the validation rows."""
+import dataclasses
+
+import pytest
+
+from models.config import load_preset
+from models.sizes import param_counts
+from prompt.config import ConfigError
+from tools.projection import Device, Shapes, Workload, memory_report, project, prompt_tokens, remedies, stage_costs
+from tools.roofline import load_devices, validate
+
+DEV = Device(title="test", dram_gbps=100.0, memory_gb=8, fp32_tflops=1.0, fp16_tflops=10.0, int8_tops=20.0,
+             compute_efficiency=1.0, memory_efficiency=1.0)
+
+
+def test_a_decode_step_reads_every_target_weight_once():
+    cfg = load_preset("tiny")
+    c = Shapes(cfg, "fp16", "engine").target(1, 100, 512, 1)
+    weights = sum(o.flops for o in c.ops if o.name in ("qkv", "o", "mlp_in", "mlp_out", "lm_head"))  # 2 per weight
+    llm = param_counts(cfg)["llm"]
+    embed = cfg.target.llm.vocab_size * cfg.target.llm.hidden        # an embedding is not a matmul
+    norms = cfg.target.llm.layers * (2 * 128 + 2 * 32) + 128
+    assert weights == pytest.approx(2 * (llm - embed - norms), rel=0.01)
+
+
+def test_memory_bound_step_time_is_bytes_over_bandwidth():
+    cfg = load_preset("edge-2b")
+    c = Shapes(cfg, "int8", "engine").target(1, 3000, 4096, 1)
+    assert c.ms(DEV, "int8") == pytest.approx(c.bytes / 100e9 * 1e3, rel=0.02)   # every op memory bound
+    assert c.bytes > param_counts(cfg)["llm"] * 0.8
+
+
+def test_reference_attends_over_all_cache_rows():
+    cfg = load_preset("tiny")
+    ref = Shapes(cfg, "fp32", "reference").target(1, 10, 512, 1)
+    eng = Shapes(cfg, "fp32", "engine").target(1, 10, 512, 1)
+    assert ref.flops > eng.flops and ref.bytes > eng.bytes
+
+
+def test_speculation_shortens_the_reasoning_and_the_verdict_follows_the_budget():
+    cfg = load_preset("tiny")
+    w = Workload(images=8, image_hw=(64, 96), reasoning_tokens=40, k=4, tau=4.0, precision="fp16", budget_ms=1e6)
+    r = project(cfg, DEV, w)
+    assert r["speculative"]["reasoning_ms"] < r["plain"]["reasoning_ms"]
+    assert r["speculative"]["fits"] and r["premise_ok"]
+    tight = project(cfg, DEV, dataclasses.replace(w, budget_ms=1e-3))
+    assert not tight["plain"]["fits"] and not tight["premise_ok"]
+    assert tight["tokens_in_budget"] == {"plain": 0, "speculative": 0}
+
+
+def test_prompt_length_is_the_real_layout():
+    assert prompt_tokens(load_preset("tiny"), 8, (64, 96)) == 8 * (24 + 2) + 56
+
+
+def test_orin_has_no_fp8_and_devices_load():
+    devices = load_devices().devices
+    assert {"orin-agx-64", "orin-nx-16", "drive-orin", "thor", "h100", "h200"} <= set(devices)
+    with pytest.raises(ConfigError, match="no fp8"):
+        devices["orin-agx-64"].peak_flops("fp8")
+    assert devices["thor"].peak_flops("fp4") > devices["thor"].peak_flops("fp8")
+
+
+def test_workload_is_checked():
+    with pytest.raises(ConfigError, match="tau"):
+        Workload(k=2, tau=4.0)
+    with pytest.raises(ConfigError, match="precision"):
+        Workload(precision="int3")
+
+
+def test_remedies_only_keep_what_helps():
+    cfg = load_preset("edge-2b")
+    w = Workload(images=16, image_hw=(320, 576), reasoning_tokens=40, max_len=4096, precision="int8", budget_ms=1.0)
+    rows, best = remedies(cfg, load_devices().devices["orin-agx-64"], w, cameras=4)
+    assert rows and all(r["cumulative_ms"] <= r["alone_ms"] or not r["kept"] for r in rows)
+    assert best.samples == 1 and best.euler_steps == 2 and best.images == 4
+
+
+def test_memory_report_scales_with_precision_and_rows():
+    cfg = load_preset("alpamayo-r1-10b")
+    m8, m16 = (memory_report(cfg, p, [3000], 4096, [1, 5], 8) for p in ("int8", "fp16"))
+    assert m16["weights"]["total"] == 2 * m8["weights"]["total"]
+    assert m8["kv_cache"]["4096"]["target"] > m8["kv_cache"]["3000"]["target"]
+    assert m8["kv_per_token"]["target"] == 36 * 2 * 8 * 128 * 2
+
+
+def test_validation_rows_are_measured_over_projected():
+    cfg = load_preset("tiny")
+    w = Workload(images=8, image_hw=(64, 96), max_len=512, k=4, tau=3.0, precision="fp32", samples=8, euler_steps=2)
+    dev = dataclasses.replace(DEV, impl="reference")
+    proj = stage_costs(cfg, dataclasses.replace(w, prompt_len=264, reasoning_tokens=30), "reference")
+    stats = {"prompt_len": 264, "reasoning_tokens": 30,
+             "calls": {"vision": 2 * proj["vision"].ms(dev, "fp32"), "prefill": 1.0, "draft_step": None,
+                       "verify": {"5": 1.0}, "action": 3.0}}
+    rows = {r["stage"]: r for r in validate(cfg, dev, w, stats)}
+    assert rows["vision"]["ratio"] == pytest.approx(2.0)
+    assert "draft step (1 token)" not in rows and "verify width 5" in rows
