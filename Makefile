@@ -24,6 +24,7 @@ help:
 	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~90 min on 2 CPU cores)"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
+	@echo "make profile  stage ranges of planner cycles (nsys on a GPU, else a Chrome trace) -> out/profile"
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -63,8 +64,17 @@ train: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m tools.cli bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --json out/bench/bench.json
 
-engines profile:
-	@echo "make $@: not built yet (TensorRT engine builds and Nsight profiling land with the export and engines work)"; exit 2
+# Profile planner cycles on the shipped checkpoint: under Nsight Systems where nsys and a GPU are
+# (report out/profile/profile_cpu_torch_tiny.nsys-rep), else ranges recorded here (out/profile:
+# trace.json, stats.md, pictures); then the tiny model's roofline on this CPU against the run.
+# PROFILE_ARGS adds options, e.g. PROFILE_ARGS="--device cuda --profile orin".
+profile: $(STAMP)
+	$(PY) -m tools.cli profile --checkpoint checkpoints/tiny --cycles 16 --out out/profile $(PROFILE_ARGS)
+	@if [ -f out/profile/stats.json ]; then $(PY) -m tools.cli roofline --preset tiny --device cpu --memory \
+		--validate out/profile/stats.json --json out/profile/roofline_cpu.json; fi
+
+engines:
+	@echo "make $@: not built yet (TensorRT engine builds land with the export and engines work)"; exit 2
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache .import_linter_cache

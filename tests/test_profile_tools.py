@@ -16,7 +16,7 @@ def ranges():
 
 CYCLE = {"cycle": 1, "prompt_len": 10, "flags": ["budget_cut"], "reasoning": "ego is cruising , covering 4 m , so",
          "decode": {"ks": [2, 0], "ns": [2, 0], "emitted": 4},
-         "timing": {"total_ms": 10.0, "budget_ms": 9.0, "stages_ms": {"vision": 2.0, "reasoning": 4.0}}}
+         "timing": {"total_ms": 10.0, "budget_ms": 9.0, "stages_ms": {"reasoning": 4.0, "vision": 2.0}}}
 
 
 def test_stage_table_counts_and_shares():

@@ -2,8 +2,8 @@
 
     specdrive timeline RUN/cycles.jsonl [--out DIR]
 
-timeline.png   one bar per cycle, its stages in the order they ran (timing.stages_ms keeps it),
-               the deadline as a line; budget cuts and fallback trajectories marked
+timeline.png   one bar per cycle, its stages end to end in the order a cycle runs them, the
+               deadline as a line; budget cuts and fallback trajectories marked
 stages.png     the latency distribution of every stage over the cycles
 accepted.png   accepted draft tokens per speculative step, routine vs commitment: a step counts
                as the class of the first token it emitted (tools/accept_map.token_classes: the
@@ -35,10 +35,16 @@ def load_cycles(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+STAGE_ORDER = ("fallback_wait", "vision", "prefill", "fallback", "reasoning", "expert_wait", "trajectory")
+
+
 def segments(cycle: dict) -> list[tuple[str, float, float]]:
-    """(stage, start ms, duration ms) laid end to end in the order the stages ran."""
+    """(stage, start ms, duration ms) laid end to end in the order a cycle runs them (the JSON
+    log sorts its keys; a stage not in STAGE_ORDER goes last)."""
     t, out = 0.0, []
-    for name, ms in (cycle.get("timing") or {}).get("stages_ms", {}).items():
+    stages = (cycle.get("timing") or {}).get("stages_ms", {})
+    rank = {n: i for i, n in enumerate(STAGE_ORDER)}
+    for name, ms in sorted(stages.items(), key=lambda kv: rank.get(kv[0], len(rank))):
         out.append((name, t, float(ms)))
         t += float(ms)
     return out
@@ -85,7 +91,7 @@ def plot_timeline(cycles: list[dict], path: Path) -> None:
     ax.set_xlabel("ms since the cycle began")
     ax.set_ylabel("cycle")
     ax.legend(fontsize=7, loc="lower right", ncols=3)
-    ax.set_title("cycle timeline against the budget (stages as they ran; red: cuts, fallbacks, misses)",
+    ax.set_title("cycle timeline against the budget (stages end to end; red: cuts, fallbacks, misses)",
                  fontsize=9, loc="left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
