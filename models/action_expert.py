@@ -153,6 +153,8 @@ class ActionExpert(nn.Module):
                              f"2, B, kv_heads={want[2]}, max_len, head_dim={want[3]})")
         if cache.shape[2] not in (1, batch):
             raise ValueError(f"target_cache batch {cache.shape[2]} must be 1 or the expert batch {batch}")
+        if isinstance(cache_len, torch.SymInt):    # traced for export: the context's own length
+            return cache_len, None
         lens = torch.as_tensor(cache_len).reshape(-1)
         if lens.device.type != "cpu" or lens.numel() not in (1, batch) or lens.min() < 0 \
                 or lens.max() > cache.shape[4]:
@@ -222,29 +224,48 @@ class ActionExpert(nn.Module):
         for i in range(steps):  # x <- x + dt v(x, t), t = i / steps
             t = torch.full((B,), i / steps, device=x.device)
             x = x + self.velocity(x, t, target_cache, cache_len, cos, sin).float() / steps
-        actions = self.denormalize(x)
-        return actions_to_waypoints(actions, v0), actions
+        return self.finish(x, v0)
+
+    def finish(self, x: torch.Tensor, v0: torch.Tensor, samples: int = 1,
+               combine: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+        """Integrated flow x (B*S, W, A) (normalised; scene-major draws) and v0 (B,) ->
+        (waypoints (B, W, 3), actions (B, W, A)): denormalised, the S draws of each scene
+        combined (mean in action space, or the medoid: the draw whose waypoints are nearest,
+        summed L2, to the others'), integrated by the unicycle model."""
+        actions, S = self.denormalize(x), samples
+        if S == 1:
+            return actions_to_waypoints(actions, v0), actions
+        B = v0.shape[0]
+        draws = actions.view(B, S, *actions.shape[1:])                     # (B, S, W, A)
+        if combine == "mean":
+            pick = draws.mean(1)
+        else:
+            xy = actions_to_waypoints(actions, v0.repeat_interleave(S))[..., :2].reshape(B, S, -1)
+            pick = draws[torch.arange(B), torch.cdist(xy, xy).sum(-1).argmin(-1)]
+        return actions_to_waypoints(pick, v0), pick
 
     def _sample_many(self, cache, cache_len, v0, steps, rope_delta, noise, generator, samples: int,
                      combine: str):
-        """`samples` draws per scene (scene-major: rows b*S .. b*S+S-1), combined by `combine`."""
-        if noise is not None:
-            raise ValueError("noise fixes one draw per scene; it cannot be combined with samples > 1")
+        """`samples` draws per scene (scene-major: rows b*S .. b*S+S-1; noise (B*S, W, A) fixes
+        them), integrated as one batch and combined by `finish`."""
         B, S = v0.shape[0], samples
+        steps = steps or self.cfg.euler_steps
 
         def per_draw(x):   # a (B,) tensor of cache lengths / rope deltas -> (B*S,); ints stay
             return x.repeat_interleave(S) if torch.is_tensor(x) and x.numel() > 1 else x
         if cache.shape[2] > 1:
             cache = cache.repeat_interleave(S, dim=2)
-        _, actions = self.sample(cache, per_draw(cache_len), v0.repeat_interleave(S), steps,
-                                 rope_delta=per_draw(rope_delta), generator=generator)
-        draws = actions.view(B, S, *actions.shape[1:])                     # (B, S, W, A)
-        if combine == "mean":
-            pick = draws.mean(1)
-        else:   # medoid: argmin_s sum_s' |xy_s - xy_s'| over the flattened waypoints
-            xy = actions_to_waypoints(actions, v0.repeat_interleave(S))[..., :2].reshape(B, S, -1)
-            pick = draws[torch.arange(B), torch.cdist(xy, xy).sum(-1).argmin(-1)]
-        return actions_to_waypoints(pick, v0), pick
+        shape = (B * S, self.cfg.n_waypoints, self.cfg.action_dim)
+        x = torch.randn(shape, generator=generator, device=v0.device) if noise is None else noise.float()
+        self._check_actions(x)
+        if x.shape[0] != B * S:
+            raise ValueError(f"noise batch {x.shape[0]}: expected scenes x samples = {B * S}")
+        cache_len, rope_delta = per_draw(cache_len), per_draw(rope_delta)
+        cos, sin = self.rope(cache_len, rope_delta, B * S)
+        for i in range(steps):  # x <- x + dt v(x, t), t = i / steps
+            t = torch.full((B * S,), i / steps, device=x.device)
+            x = x + self.velocity(x, t, cache, cache_len, cos, sin).float() / steps
+        return self.finish(x, v0, S, combine)
 
     def _check_actions(self, x: torch.Tensor) -> None:
         want = (self.cfg.n_waypoints, self.cfg.action_dim)

@@ -64,12 +64,13 @@ class SwiGLU(nn.Module):
 def image_mask(ids: torch.Tensor, image_token_id: int, n_embeds: int) -> torch.Tensor:
     """(B, T, 1) bool: the image-pad positions of `ids`, filled in row-major order by
     `x.masked_scatter(mask, embeds)`. Their count is checked against n_embeds when ids live on
-    the host; on a device the caller checked the prompt (no read-back inside a forward)."""
+    the host (not while tracing for export); on a device the caller checked the prompt (no
+    read-back inside a forward)."""
     if image_token_id < 0:
         raise ValueError("image_embeds given but image_token_id is not set (-1); "
                          "set it from the tokenizer (tok.image_pad)")
     mask = ids == image_token_id
-    if ids.device.type == "cpu" and int(mask.sum()) != n_embeds:
+    if ids.device.type == "cpu" and not torch.compiler.is_compiling() and int(mask.sum()) != n_embeds:
         raise ValueError(f"{int(mask.sum())} image tokens (id {image_token_id}) in ids "
                          f"but {n_embeds} image embeddings; they must be equal")
     return mask.unsqueeze(-1)

@@ -8,6 +8,7 @@ the DeepStack features (same shape), one per `deepstack_layers` entry.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,9 +21,11 @@ from models.rope import apply_rope, vision_cos_sin
 def _grids(grid_thw) -> list[tuple[int, int, int]]:
     """grid_thw (n, 3) as host data (numpy, a list or a CPU tensor): the grid shapes the work,
     so it is an argument known before the call, never read back from a device."""
-    if torch.is_tensor(grid_thw) and grid_thw.device.type != "cpu":
-        raise ValueError(f"grid_thw is on {grid_thw.device}; pass it as host data (numpy or CPU)")
-    return [tuple(int(v) for v in row) for row in torch.as_tensor(grid_thw).reshape(-1, 3).tolist()]
+    if torch.is_tensor(grid_thw):
+        if grid_thw.device.type != "cpu":
+            raise ValueError(f"grid_thw is on {grid_thw.device}; pass it as host data (numpy or CPU)")
+        grid_thw = grid_thw.tolist()
+    return [tuple(int(v) for v in row) for row in np.asarray(grid_thw, np.int64).reshape(-1, 3)]
 
 
 def merge_order_rows_cols(h: int, w: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:

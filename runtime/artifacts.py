@@ -121,7 +121,8 @@ def open_backend(src: ModelSource, max_len: int, default_tokenizer=None):
         if src.backend and src.backend != name:
             raise ConfigError(f"--backend {src.backend} but {src.engines} holds {name} engines")
         tok = load_tokenizer(src.engines)
-        return load_backend(name, engines=src.engines, meta=meta, tokenizer=tok), tok
+        return load_backend(name, engines=src.engines, meta=meta, tokenizer=tok, device=src.device,
+                            max_len=max_len), tok
     name = src.backend or "torch"
     if name not in ("torch", "table"):
         raise ConfigError(f"--backend {name} runs built engines: give --engines DIR "

@@ -188,7 +188,9 @@ def test_mean_of_samples_averages_the_draws_in_action_space(expert, cfg):
         assert torch.allclose(mean, by_hand, atol=1e-6)
         assert torch.allclose(wp, actions_to_waypoints(by_hand, v0), atol=1e-5)
         assert acts.view(2, S, 64, 2).std(1).max() > 1e-3      # the draws really differ
-    with pytest.raises(ValueError, match="samples > 1"):
+        wp2, mean2 = expert.sample(cache, lens, v0, steps=3, rope_delta=deltas, samples=S, noise=noise)
+        assert torch.equal(mean2, mean) and torch.equal(wp2, wp)    # explicit noise: the same draws
+    with pytest.raises(ValueError, match="expected scenes x samples = 4"):
         expert.sample(target_cache(cfg), CACHE_LEN, v0, samples=2, noise=torch.zeros(2, 64, 2))
 
 

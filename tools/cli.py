@@ -27,6 +27,7 @@ def _subcommands():
         "profile": "tools.profile:add_parser",
         "roofline": "tools.roofline:add_parser",
         "timeline": "tools.timeline:add_parser",
+        "export": "tools.export:add_parser",
     }
 
 
@@ -40,11 +41,28 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
-            if e.name != module_name:
+            if e.name == module_name:
+                continue  # that stage has not landed yet
+            if e.name not in OPTIONAL:
                 raise
-            continue  # that stage has not landed yet
+            _needs(sub, name, e.name)   # a runtime-only install: say what the command needs
+            continue
         getattr(module, func)(sub)
     return parser
+
+
+# packages the vehicle-side install (`pip install .[ort-cpu]`) leaves out -> the extra that brings each
+OPTIONAL = {"torch": "torch"}
+
+
+def _needs(sub, name: str, package: str) -> None:
+    """A subcommand whose module needs a package that is not installed: it exits 2 saying so."""
+    def run(args):
+        raise UsageError(f"`specdrive {name}` needs {package!r}, which is not installed here; "
+                         f"install it: pip install '.[{OPTIONAL[package]}]'")
+    p = sub.add_parser(name, help=f"(needs {package})", add_help=False)
+    p.add_argument("rest", nargs="*")
+    p.set_defaults(run=run)
 
 
 def main(argv: list[str] | None = None) -> int:

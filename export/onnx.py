@@ -1,0 +1,313 @@
+"""ONNX export of a planner checkpoint folder: the graphs the ONNX Runtime backend (and, later,
+TensorRT) runs, traced from the models' one forward, with a meta.json that says what they are.
+
+    specdrive export onnx --checkpoint DIR --out DIR [--draft NAME] [--max-len N] [--k-max K]
+
+Graphs (opset 18, fp32, standard ONNX ops; T = a dynamic row count, L = max_len):
+
+    vision          patches (P, C*tp*p*p)                       -> image_embeds (N, D), deepstack (S, N, D)
+    prefill         ids (1, T), cos, sin (1, T, hd), image_embeds, deepstack, allowed (T, V)
+                    -> logits (1, T, V) masked, argmax (1, T), feats (1, T, F), kv (layers, 2, 1, KVH, T, hd)
+    step            ids (1, T), cos, sin, cache (layers, 2, 1, KVH, L, hd), start (1,), allowed
+                    -> logits, argmax, feats, new_kv (the T new rows; the host writes them by index)
+    draft_prefill   ids, cos, sin, features (1, T, F) | none, image_embeds -> kv
+    draft_feed      ids, cos, sin, cache, start, [features (1, T, F)], allowed
+                    -> logits, argmax, hidden (1, T, D), new_kv
+    draft_chain     the same with features = the draft's own hidden (1, T, D) (fused drafts)
+    action_velocity x (B, W, A), t (B,), context (layers, 2, 1, KVH, R, hd), cos, sin (B, W, hd) -> v
+    action_output   x (B*S, W, A) integrated flow, v0 (B,) -> waypoints (B, W, 3)   (S, combine fixed)
+
+Rotary cos/sin are inputs (the host builds them with prompt.positions.rope_tables), so M-RoPE
+and FlatRoPE share one attention graph. The step graphs read the cache and return only the new
+rows: inside the graph the models' forward writes them into its own copy of the cache, which
+costs one cache copy per call in ONNX Runtime (ONNX has no in-place update of an input); the
+backend's cache is written once per call, by index, and never concatenated. The Euler loop of the
+action expert runs on the host (one velocity call per step) so the steps are a runtime choice;
+the noise is an input the host draws. How this relates to the Hugging Face export (`save_hf`):
+that one writes weights for transformers; this one writes graphs for an engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from models import io
+from models.draft import Draft
+from prompt.config import ConfigError, to_dict
+from prompt.pixels import images_to_patches
+
+OPSET = 18
+FORMAT = "specdrive-onnx"
+FORMAT_VERSION = 1
+
+
+class VisionGraph(nn.Module):
+    """Camera patches -> merged vision embeddings and DeepStack features (grid fixed)."""
+
+    def __init__(self, target, grid):
+        super().__init__()
+        self.target, self.grid = target, grid
+
+    def forward(self, patches):
+        embeds, deep = self.target.encode_images(patches, self.grid)
+        deep = torch.stack(list(deep)) if deep else torch.zeros(0, *embeds.shape, dtype=embeds.dtype)
+        return embeds, deep
+
+
+def masked(logits, allowed):
+    """Masked logits (-inf where not allowed) and their arg-max: a greedy host reads integers."""
+    logits = logits.float().masked_fill(~allowed[None], float("-inf"))
+    return logits, logits.argmax(-1)
+
+
+class PrefillGraph(nn.Module):
+    def __init__(self, target, feature_layers):
+        super().__init__()
+        self.target, self.layers = target, tuple(feature_layers)
+
+    def forward(self, ids, cos, sin, image_embeds, deepstack, allowed):
+        t = self.target
+        cache = t.new_cache(1, ids.shape[1])                  # rows 0..T-1: all of them new
+        logits, hid = t(ids, cos, sin, cache, 0, image_embeds, list(deepstack.unbind(0)), self.layers)
+        return (*masked(logits, allowed), features(hid, ids), cache)
+
+
+class StepGraph(nn.Module):
+    def __init__(self, target, feature_layers):
+        super().__init__()
+        self.target, self.layers = target, tuple(feature_layers)
+
+    def forward(self, ids, cos, sin, cache, start, allowed):
+        cache = cache.clone()                                 # the graph's copy (see the module doc)
+        logits, hid = self.target(ids, cos, sin, cache, start, hidden_layers=self.layers)
+        return (*masked(logits, allowed), features(hid, ids), new_rows(cache, start, ids.shape[1]))
+
+
+def features(hid, ids):
+    return torch.cat(hid, -1) if hid else torch.zeros(*ids.shape, 1)
+
+
+def new_rows(cache, start, n: int):
+    """(layers, 2, 1, KVH, n, hd): the rows start .. start+n-1 the forward just wrote."""
+    return cache.index_select(4, start + torch.arange(n))
+
+
+class DraftPrefillGraph(nn.Module):
+    def __init__(self, draft: Draft, fused: bool):
+        super().__init__()
+        self.draft, self.fused = draft, fused
+
+    def forward(self, ids, cos, sin, image_embeds, feats=None):
+        cache = self.draft.new_cache(1, ids.shape[1])
+        self.draft(ids, cos, sin, cache, 0, feats if self.fused else None, image_embeds)
+        return cache
+
+
+class DraftFeedGraph(nn.Module):
+    def __init__(self, draft: Draft, fused: bool):
+        super().__init__()
+        self.draft, self.fused = draft, fused
+
+    def forward(self, ids, cos, sin, cache, start, allowed, feats=None):
+        cache = cache.clone()
+        logits, hidden = self.draft(ids, cos, sin, cache, start, feats if self.fused else None)
+        return (*masked(logits, allowed), hidden, new_rows(cache, start, ids.shape[1]))
+
+
+class VelocityGraph(nn.Module):
+    def __init__(self, expert):
+        super().__init__()
+        self.expert = expert
+
+    def forward(self, x, t, context, cos, sin):
+        return self.expert.velocity(x, t, context, context.shape[4], cos, sin)
+
+
+class OutputGraph(nn.Module):
+    def __init__(self, expert, samples: int, combine: str):
+        super().__init__()
+        self.expert, self.samples, self.combine = expert, samples, combine
+
+    def forward(self, x, v0):
+        return self.expert.finish(x, v0, self.samples, self.combine)[0]
+
+
+@dataclasses.dataclass
+class ExportConfig:
+    """What to export. Shapes the prompt contract fixes come from the planner profile."""
+    max_len: int = 512
+    k_max: int = 8
+    samples: int = 8              # expert draws per trajectory (fixed in action_output)
+    combine: str = "mean"
+    cameras: int = 4
+    frames: int = 2
+    image_hw: tuple = (64, 96)
+
+
+def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfig, progress=print) -> dict:
+    """Export every graph of the folder's target, expert and one draft to `out`; -> meta."""
+    tok, mcfg, target, expert = io.load_planner(checkpoint)
+    models, drafts = io.scan(checkpoint)
+    name = draft or ("flat" if "flat" in drafts else next(iter(drafts), None))
+    if name not in drafts:
+        raise ConfigError(f"--draft {name!r}: {checkpoint} has the drafts {sorted(drafts)}")
+    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target)
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = _shapes(mcfg, cfg, tok)
+    fused = mcfg.draft.features == "fused"
+    layers = tuple(mcfg.draft.feature_layers) if fused else ()
+    graphs = {}
+    for gname, module, args, names, dyn in _graphs(target, expert, dmodel, fused, layers, shapes, cfg):
+        t0 = time.perf_counter()
+        graphs[gname] = _export(module.eval(), args, names, dyn, out / f"{gname}.onnx")
+        progress(f"exported {gname}.onnx ({time.perf_counter() - t0:.1f} s)")
+    shutil.copy(Path(checkpoint) / "tokenizer.json", out / "tokenizer.json")
+    meta = _meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return meta
+
+
+def _shapes(mcfg, cfg: ExportConfig, tok) -> dict:
+    v = mcfg.target.vision
+    h, w = cfg.image_hw
+    side = v.patch * v.merge
+    if h % side or w % side:
+        raise ConfigError(f"image_hw {h}x{w} must be a multiple of patch*merge={side}")
+    n_img = cfg.cameras * cfg.frames
+    grid = [[1, h // v.patch, w // v.patch]] * n_img
+    patches, _ = images_to_patches(np.zeros((n_img, h, w, 3), np.uint8), v.patch, v.temporal_patch, v.merge)
+    llm = mcfg.target.llm
+    return {"grid": grid, "patches": list(patches.shape), "image_tokens": n_img * (h // side) * (w // side),
+            "vocab": len(tok), "hidden": llm.hidden, "layers": llm.layers, "kv_heads": llm.kv_heads,
+            "head_dim": llm.head_dim}
+
+
+def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig):
+    """(name, module, example args, (input names, output names), dynamic axes) per graph."""
+    T, V, D, hd, N = 7, s["vocab"], s["hidden"], s["head_dim"], s["image_tokens"]
+    dl = draft.llm
+    ids = torch.randint(0, V, (1, T))
+    cos, sin = torch.ones(1, T, hd), torch.zeros(1, T, hd)
+    dcos, dsin = torch.ones(1, T, dl.head_dim), torch.zeros(1, T, dl.head_dim)
+    allowed = torch.ones(T, V, dtype=torch.bool)
+    start = torch.tensor([3])
+    cache = target.new_cache(1, cfg.max_len)
+    dcache = draft.new_cache(1, cfg.max_len)
+    F = 3 * D if fused else 1
+    n_deep = len(target.cfg.vision.deepstack_layers)
+    img = (torch.randn(N, D), torch.randn(n_deep, N, D))
+    pids = torch.full((1, N + 3), 5)
+    pids[0, 1:N + 1] = target.cfg.image_token_id
+    pcos, psin = torch.ones(1, N + 3, hd), torch.zeros(1, N + 3, hd)
+    W, A = expert.cfg.n_waypoints, expert.cfg.action_dim
+    row = {1: "T"}
+    out = [
+        ("vision", VisionGraph(target, s["grid"]), (torch.randn(*s["patches"]),),
+         (["patches"], ["image_embeds", "deepstack"]), None),
+        ("prefill", PrefillGraph(target, layers), (pids, pcos, psin, *img, torch.ones(N + 3, V, dtype=torch.bool)),
+         (["ids", "cos", "sin", "image_embeds", "deepstack", "allowed"], ["logits", "argmax", "feats", "kv"]),
+         {"ids": row, "cos": row, "sin": row, "image_embeds": None, "deepstack": None, "allowed": {0: "T"}}),
+        ("step", StepGraph(target, layers), (ids, cos, sin, cache, start, allowed),
+         (["ids", "cos", "sin", "cache", "start", "allowed"], ["logits", "argmax", "feats", "new_kv"]),
+         {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}),
+    ]
+    dp_args = (pids, torch.ones(1, N + 3, dl.head_dim), torch.zeros(1, N + 3, dl.head_dim), img[0])
+    dp_names = ["ids", "cos", "sin", "image_embeds"]
+    dp_dyn = {"ids": row, "cos": row, "sin": row, "image_embeds": None}
+    feed_args = (ids, dcos, dsin, dcache, start, allowed)
+    feed_names = ["ids", "cos", "sin", "cache", "start", "allowed"]
+    feed_dyn = {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}
+    outs = ["logits", "argmax", "hidden", "new_kv"]
+    if fused:
+        out.append(("draft_prefill", DraftPrefillGraph(draft, True), (*dp_args, torch.randn(1, N + 3, F)),
+                    (dp_names + ["feats"], ["kv"]), {**dp_dyn, "feats": row}))
+        out.append(("draft_feed", DraftFeedGraph(draft, True), (*feed_args, torch.randn(1, T, F)),
+                    (feed_names + ["feats"], outs), {**feed_dyn, "feats": row}))
+        out.append(("draft_chain", DraftFeedGraph(draft, True), (*feed_args, torch.randn(1, T, D)),
+                    (feed_names + ["feats"], outs), {**feed_dyn, "feats": row}))
+    else:
+        out.append(("draft_prefill", DraftPrefillGraph(draft, False), dp_args, (dp_names, ["kv"]), dp_dyn))
+        out.append(("draft_feed", DraftFeedGraph(draft, False), feed_args, (feed_names, outs), feed_dyn))
+    B, R = cfg.samples, 11
+    ctx = torch.randn(s["layers"], 2, 1, s["kv_heads"], R, hd)
+    out.append(("action_velocity", VelocityGraph(expert),
+                (torch.randn(B, W, A), torch.rand(B), ctx, torch.ones(B, W, hd), torch.zeros(B, W, hd)),
+                (["x", "t", "context", "cos", "sin"], ["velocity"]),
+                {"x": {0: "B"}, "t": {0: "B"}, "context": {4: "R"}, "cos": {0: "B"}, "sin": {0: "B"}}))
+    out.append(("action_output", OutputGraph(expert, cfg.samples, cfg.combine),
+                (torch.randn(B, W, A), torch.tensor([5.0])), (["x", "v0"], ["waypoints"]), None))
+    return out
+
+
+def _export(module, args, names, dynamic, path: Path) -> dict:
+    """torch.onnx.export (dynamo, opset 18) -> the graph's file, hash and I/O (names, shapes, dtypes)."""
+    inputs, outputs = names
+    dyn = None
+    if dynamic:
+        dyn = {k: ({a: torch.export.Dim(n, min=1, max=1 << 16) for a, n in v.items()} if v else None)
+               for k, v in dynamic.items()}
+    with torch.no_grad():
+        torch.onnx.export(module, args, str(path), dynamo=True, opset_version=OPSET,
+                          input_names=inputs, output_names=outputs, dynamic_shapes=dyn,
+                          external_data=False, verbose=False)
+    return {"file": path.name, "sha256": sha256(path), **graph_io(path)}
+
+
+def graph_io(path: Path) -> dict:
+    """Inputs and outputs of an ONNX file: name, shape (ints or axis names) and element type."""
+    import onnx
+    from onnx import helper
+
+    g = onnx.load(str(path), load_external_data=False).graph
+
+    def spec(v):
+        t = v.type.tensor_type
+        shape = [d.dim_param or d.dim_value for d in t.shape.dim]
+        return {"name": v.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(t.elem_type).name}
+    return {"inputs": [spec(v) for v in g.input], "outputs": [spec(v) for v in g.output]}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _meta(checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, shapes, graphs, tok) -> dict:
+    sources = {}
+    for kind, folder in {**models, "draft": draft_dir}.items():
+        m = io.read_meta(folder)
+        sources[kind] = {"folder": str(folder), "modules": {k: v["sha256"] for k, v in m["modules"].items()}}
+    t, d = mcfg.target, mcfg.draft_llm()
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "kind": "engines", "backend": "onnxruntime",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__, "opset": OPSET,
+        "precision": {"*": "fp32"}, "max_len": cfg.max_len, "k_max": cfg.k_max,
+        "verify_widths": "dynamic width axis T: one step graph serves prefill rows and widths 1..k_max+1",
+        "draft": name, "draft_features": mcfg.draft.features, "draft_rope": mcfg.draft.rope,
+        "feature_layers": list(mcfg.draft.feature_layers) if mcfg.draft.features == "fused" else [],
+        "source": {"checkpoint": str(checkpoint), "models": sources}, "tokenizer_sha256": tok.fingerprint,
+        "prompt": {"cameras": cfg.cameras, "frames": cfg.frames, "image_hw": list(cfg.image_hw),
+                   "grid_thw": shapes["grid"], "image_tokens": shapes["image_tokens"]},
+        "vision": {"patch": t.vision.patch, "temporal_patch": t.vision.temporal_patch, "merge": t.vision.merge},
+        "target": {"vocab_size": t.llm.vocab_size, "head_dim": t.llm.head_dim, "rope_theta": t.llm.rope_theta,
+                   "mrope_section": list(t.llm.mrope_section), "interleaved": t.llm.interleaved,
+                   "layers": t.llm.layers, "kv_heads": t.llm.kv_heads, "hidden": t.llm.hidden,
+                   "image_token_id": t.image_token_id},
+        "draft_llm": {"head_dim": d.head_dim, "rope_theta": d.rope_theta, "mrope_section": list(d.mrope_section),
+                      "interleaved": d.interleaved, "layers": d.layers, "kv_heads": d.kv_heads, "hidden": d.hidden},
+        "action": {"loop": "host: one action_velocity call per Euler step, then action_output",
+                   "euler_steps": mcfg.expert.euler_steps, "samples": cfg.samples, "combine": cfg.combine,
+                   "n_waypoints": mcfg.expert.n_waypoints, "action_dim": mcfg.expert.action_dim},
+        "model_config": to_dict(mcfg), "graphs": graphs,
+    }

@@ -1,0 +1,269 @@
+"""The ONNX Runtime backend: the graphs of `specdrive export onnx` driven through InferenceSession
+objects, with numpy, onnxruntime and the standard library only (no torch on the vehicle).
+
+An engines folder (meta.json kind "engines", backend "onnxruntime") holds vision, prefill, step,
+draft_prefill, draft_feed [, draft_chain], action_velocity and action_output (export/onnx.py
+says what each takes). Buffers, allocated once and bound to the sessions with IOBinding (on the
+CPU an OrtValue over the numpy array: the same memory, no copy):
+
+    cache        target KV  (layers, 2, 1, kv_heads, max_len, head_dim) float32
+    draft_cache  draft KV   (draft layers, 2, 1, kv_heads, max_len, head_dim)
+    feats        (max_len, F) the target's low/mid/top hidden states per row (fused drafts)
+
+A step graph returns the K/V of the rows it was fed; they are written here by index (rows
+start..start+n-1). Rolling back moves a length in the loop; nothing is erased or concatenated.
+Rotary cos/sin are built on the host (prompt.positions.rope_tables): M-RoPE for the target,
+FlatRoPE (or M-RoPE) for the draft. The action expert's Euler loop runs here: noise from the
+cycle's seed, one action_velocity call per step, then action_output (the draws combined and
+integrated). The mask (set_mask) goes into every graph that picks tokens, so a greedy host
+reads back the arg-max integers only.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from prompt.config import ConfigError
+from prompt.pixels import images_to_patches
+from prompt.positions import rope_tables
+from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
+
+FORMAT = "specdrive-onnx"
+PROVIDERS = {"cpu": ["CPUExecutionProvider"],
+             "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+             "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
+
+
+class OrtBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None):
+        self.folder, self.meta = Path(folder), meta
+        check_meta(self.folder, meta)
+        if max_len is not None and max_len != meta["max_len"]:
+            raise ConfigError(f"{folder}: graphs were exported for max_len={meta['max_len']}, the "
+                              f"planner asks for {max_len}; re-export or set max_len to match")
+        self.sessions = open_sessions(self.folder, meta, device)
+        t, d = meta["target"], meta["draft_llm"]
+        self.vocab_size, self.max_len = t["vocab_size"], meta["max_len"]
+        self.fused = meta["draft_features"] == "fused"
+        self.draft_keeps_proposals = not self.fused
+        self.cache = np.zeros((t["layers"], 2, 1, t["kv_heads"], self.max_len, t["head_dim"]), np.float32)
+        self.draft_cache = np.zeros((d["layers"], 2, 1, d["kv_heads"], self.max_len, d["head_dim"]), np.float32)
+        self.feats = np.zeros((self.max_len, 3 * t["hidden"] if self.fused else 1), np.float32)
+        self.bound = {"cache": ort.OrtValue.ortvalue_from_numpy(self.cache),
+                      "draft_cache": ort.OrtValue.ortvalue_from_numpy(self.draft_cache)}
+        self.set_mask(None)
+        self.delta, self.images = 0, None
+
+    # --- vision and prefill ------------------------------------------------------------------
+    def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
+        p = self.meta["prompt"]
+        want = (p["cameras"], p["frames"], *p["image_hw"], 3)
+        if tuple(image_shape) != want:
+            raise ConfigError(f"images {tuple(image_shape)}: these graphs were exported for {want} "
+                              "(cameras, frames, H, W, RGB)")
+        return np.asarray(p["grid_thw"], np.int64), self.meta["vision"]["merge"]
+
+    def vision(self, images: np.ndarray) -> None:
+        v = self.meta["vision"]
+        imgs = np.asarray(images).reshape(-1, *images.shape[-3:])        # camera-major
+        patches, _ = images_to_patches(imgs, v["patch"], v["temporal_patch"], v["merge"])
+        self.images = self._run("vision", patches=patches.astype(np.float32))
+
+    def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
+        ids = np.asarray(inputs.ids, np.int64)[None]
+        T = ids.shape[1]
+        self._check_rows(0, T)
+        if self.images is None:
+            raise ValueError("onnxruntime backend: prefill needs vision(images) first")
+        self.delta = int(inputs.rope_delta)
+        cos, sin = self._target_rope(np.asarray(inputs.positions)[:, None])
+        embeds, deep = self.images
+        logits, top, feats, kv = self._run("prefill", ids=ids, cos=cos, sin=sin, image_embeds=embeds,
+                                           deepstack=deep, allowed=self._allowed(1, T))
+        self.cache[..., :T, :] = kv
+        if self.fused:
+            self.feats[:T] = feats[0]
+        dcos, dsin = self._draft_rope(0, T, np.asarray(inputs.positions)[:, None])
+        extra = {"feats": np.concatenate([np.zeros_like(feats[:, :1]), feats[:, :-1]], 1)} if self.fused else {}
+        (dkv,) = self._run("draft_prefill", ids=ids, cos=dcos, sin=dsin, image_embeds=embeds, **extra)
+        self.draft_cache[..., :T, :] = dkv
+        return self._readout(logits[0, -1:], top[0, -1:], readout)
+
+    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
+        self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
+
+    # --- draft, verify, action ---------------------------------------------------------------
+    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
+        ids = np.asarray(tokens, np.int64)[None]
+        self._check_rows(start, ids.shape[1] + k - 1)
+        out, graph = [], "draft_feed"
+        feats = self._feed_features(start, ids.shape[1])
+        for _ in range(k):
+            n = ids.shape[1]
+            cos, sin = self._draft_rope(start, n)
+            extra = {} if feats is None else {"feats": feats}
+            logits, top, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
+                                                start=np.array([start], np.int64),
+                                                allowed=self._allowed(start + 1, n), **extra)
+            self.draft_cache[..., start:start + n, :] = kv
+            token = int(top[0, -1]) if pick is None else int(pick(logits[0, -1]))
+            out.append(token)
+            start, ids = start + n, np.array([[token]], np.int64)
+            if self.fused:
+                graph, feats = "draft_chain", hidden[:, -1:]
+        return np.asarray(out, np.int64)
+
+    def verify(self, tokens, start: int, readout: str) -> np.ndarray:
+        ids = np.asarray(tokens, np.int64)[None]
+        n = ids.shape[1]
+        self._check_rows(start, n)
+        logits, top = self._step(ids, start)
+        return self._readout(logits[0], top[0], readout)
+
+    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
+               steps: int | None = None, combine: str = "mean") -> np.ndarray:
+        a = self.meta["action"]
+        if (samples, combine) != (a["samples"], a["combine"]):
+            raise ConfigError(f"{self.folder}: action_output was exported for {a['samples']} draws "
+                              f"combined by {a['combine']!r}, the planner asks for {samples} by "
+                              f"{combine!r}; re-export with that planner profile")
+        tokens = np.asarray(tokens, np.int64)
+        if len(tokens):
+            self._check_rows(start, len(tokens))
+            self._step(tokens[None], start)
+        rows = start + len(tokens)
+        context = np.ascontiguousarray(self.cache[..., :rows, :])
+        steps = steps or a["euler_steps"]
+        W, A, S = a["n_waypoints"], a["action_dim"], samples
+        x = np.random.default_rng(seed).standard_normal((S, W, A)).astype(np.float32)
+        t = self.meta["target"]
+        pos = rows + self.delta + np.arange(W)
+        cos, sin = rope_tables(np.broadcast_to(pos, (3, S, W)) if t["mrope_section"] else
+                               np.broadcast_to(pos, (S, W)), t["head_dim"], t["rope_theta"],
+                               t["mrope_section"], t["interleaved"])
+        for i in range(steps):                       # x <- x + dt v(x, t), t = i / steps
+            (v,) = self._run("action_velocity", x=x, t=np.full(S, i / steps, np.float32),
+                             context=context, cos=cos, sin=sin)
+            x = x + v / np.float32(steps)
+        (wp,) = self._run("action_output", x=x, v0=np.array([v0], np.float32))
+        return wp[0].astype(np.float32)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _step(self, ids: np.ndarray, start: int):
+        """Target step over ids (1, n) at `start`: writes the rows' K/V (and features)."""
+        n = ids.shape[1]
+        cos, sin = self._target_rope(np.arange(start, start + n)[None] + self.delta)
+        logits, top, feats, kv = self._run("step", ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
+                                           start=np.array([start], np.int64), allowed=self._allowed(start + 1, n))
+        self.cache[..., start:start + n, :] = kv
+        if self.fused:
+            self.feats[start:start + n] = feats[0]
+        return logits, top
+
+    def _run(self, graph: str, **inputs) -> list[np.ndarray]:
+        """One session call with IOBinding: the cache OrtValues are bound as they are (their
+        memory is the numpy buffers), small host arrays are bound per call."""
+        sess = self.sessions[graph]
+        binding = sess.io_binding()
+        for name, value in inputs.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for out in sess.get_outputs():
+            binding.bind_output(out.name)
+        sess.run_with_iobinding(binding)
+        self.last_binding = (graph, binding)
+        return binding.copy_outputs_to_cpu()
+
+    def _target_rope(self, positions):
+        t = self.meta["target"]
+        if t["mrope_section"] and np.asarray(positions).ndim == 2:
+            positions = np.broadcast_to(positions, (3, *np.shape(positions)))
+        return rope_tables(positions, t["head_dim"], t["rope_theta"], t["mrope_section"], t["interleaved"])
+
+    def _draft_rope(self, start: int, n: int, prompt_positions=None):
+        if self.meta["draft_rope"] == "mrope":
+            return self._target_rope(prompt_positions if prompt_positions is not None
+                                     else np.arange(start, start + n)[None] + self.delta)
+        d = self.meta["draft_llm"]
+        return rope_tables(np.arange(start, start + n)[None], d["head_dim"], d["rope_theta"])
+
+    def _feed_features(self, start: int, n: int):
+        """Target features of rows start-1 .. start+n-2 (row j of the draft reads row j-1)."""
+        if not self.fused:
+            return None
+        f = self.feats[max(start - 1, 0):start + n - 1][None]
+        return np.concatenate([np.zeros_like(self.feats[None, :1]), f], 1) if start == 0 else f
+
+    def _allowed(self, index0: int, n: int) -> np.ndarray:
+        """(n, V) bool mask rows of the tokens chosen at sequence indices index0 .. index0+n-1."""
+        return self.allowed[mask_rows(self.mask_first, index0, n, len(self.allowed))]
+
+    def _readout(self, logits: np.ndarray, top: np.ndarray, readout: str) -> np.ndarray:
+        check_readout(readout)
+        return top.astype(np.int64) if readout == "argmax" else logits.astype(np.float32)
+
+    def _check_rows(self, start: int, n: int) -> None:
+        if start < 0 or start + n > self.max_len:
+            raise ValueError(f"onnxruntime backend: rows [{start}, {start + n}) outside the cache "
+                             f"[0, {self.max_len})")
+
+
+def check_meta(folder: Path, meta: dict) -> None:
+    """Refuse a folder that is not what its meta.json says, naming the difference."""
+    if meta.get("format") != FORMAT or meta.get("backend") != "onnxruntime":
+        raise ConfigError(f"{folder}/meta.json: format {meta.get('format')!r} backend {meta.get('backend')!r}; "
+                          f"expected {FORMAT!r} graphs for 'onnxruntime'")
+    for name, g in meta["graphs"].items():
+        file = folder / g["file"]
+        if not file.is_file():
+            raise ConfigError(f"{file}: missing (meta.json lists graph {name!r}); re-export the folder")
+        digest = _sha256(file)
+        if digest != g["sha256"]:
+            raise ConfigError(f"{file}: sha256 {digest[:12]}... does not match meta.json "
+                              f"({g['sha256'][:12]}...): the graph was changed or damaged")
+
+
+def open_sessions(folder: Path, meta: dict, device: str) -> dict:
+    """An InferenceSession per graph, its inputs and outputs checked against meta.json."""
+    kind = device.split(":")[0]
+    if kind not in PROVIDERS:
+        raise ConfigError(f"--device {device!r}: the onnxruntime backend runs on {sorted(PROVIDERS)}")
+    providers = [p for p in PROVIDERS[kind] if p in ort.get_available_providers()]
+    if providers[:1] != PROVIDERS[kind][:1]:
+        raise ConfigError(f"--device {device!r}: onnxruntime {ort.__version__} here has the providers "
+                          f"{ort.get_available_providers()}; {PROVIDERS[kind][0]} is missing")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sessions = {}
+    for name, g in meta["graphs"].items():
+        try:
+            sess = ort.InferenceSession(str(folder / g["file"]), opts, providers=providers)
+        except Exception as e:     # a corrupt graph that still matched its hash is a bad export
+            raise ConfigError(f"{folder / g['file']}: onnxruntime cannot load it: {e}") from None
+        got = ([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
+        want = ([i["name"] for i in g["inputs"]], [o["name"] for o in g["outputs"]])
+        if got != want:
+            raise ConfigError(f"{folder / g['file']}: inputs/outputs {got} but meta.json says {want}")
+        sessions[name] = sess
+    return sessions
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def create(engines: Path, meta: dict, tokenizer, device: str = "cpu", max_len: int | None = None) -> OrtBackend:
+    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
+        raise ConfigError(f"{engines}/tokenizer.json is not the tokenizer these graphs were exported with")
+    return OrtBackend(engines, meta, device, max_len)

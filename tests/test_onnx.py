@@ -1,0 +1,220 @@
+"""`specdrive export onnx` and the ONNX Runtime backend (issue 12): every graph against the
+PyTorch reference, the unchanged loop on the graphs (speculative = plain, token for token), the
+same buffers bound across steps, the lean runtime (no torch), and every refusal."""
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from export import onnx as ex
+from models import io
+from prompt.config import ConfigError
+from runtime.artifacts import ModelSource, open_backend
+from runtime.config import PlannerConfig, SpecConfig, load_planner_config
+from runtime.planner import Planner
+from scenes.world import make_scene
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "checkpoints" / "tiny"
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """The shipped checkpoint exported once (about a minute on 2 cores)."""
+    out = tmp_path_factory.mktemp("engines") / "tiny-ort"
+    prof = load_planner_config("cpu")
+    ex.export_onnx(SHIPPED, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
+                                                       samples=prof.trajectory_samples),
+                   progress=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ref():
+    tok, cfg, target, expert = io.load_planner(SHIPPED)
+    cfg, draft, _ = io.load_draft(io.scan(SHIPPED)[1]["flat"], cfg, target)
+    return tok, cfg, target, expert, draft
+
+
+def sessions(folder):
+    from runtime.backends.onnxruntime import open_sessions
+    return open_sessions(folder, json.loads((folder / "meta.json").read_text()), "cpu")
+
+
+def run(sess, **feed):
+    return sess.run(None, {k: (v.numpy() if torch.is_tensor(v) else v) for k, v in feed.items()})
+
+
+def close(name, got, want, tol=1e-4):
+    """max |got - want| <= tol (relative to the largest |want| where that exceeds 1); printed."""
+    want = want.detach().numpy() if torch.is_tensor(want) else want
+    fin = np.isfinite(want)
+    diff = float(np.abs(np.where(fin, got, 0) - np.where(fin, want, 0)).max()) if want.size else 0.0
+    scale = max(1.0, float(np.abs(np.where(fin, want, 0)).max()) if want.size else 1.0)
+    print(f"{name}: max abs diff {diff:.2e} (scale {scale:.1f})")
+    assert (np.isfinite(got) == fin).all() and diff <= tol * scale, name
+
+
+@torch.no_grad()
+def test_every_graph_matches_the_pytorch_reference(engines, ref):
+    tok, cfg, target, expert, draft = ref
+    s = sessions(engines)
+    g = torch.Generator().manual_seed(0)
+    V, hd, L = cfg.target.llm.vocab_size, cfg.target.llm.head_dim, 512
+    meta = json.loads((engines / "meta.json").read_text())
+    # vision
+    patches = torch.randn(*meta["graphs"]["vision"]["inputs"][0]["shape"], generator=g)
+    want = ex.VisionGraph(target, meta["prompt"]["grid_thw"])(patches)
+    for name, got, w in zip(("image_embeds", "deepstack"), run(s["vision"], patches=patches), want):
+        close(f"vision.{name}", got, w)
+    N, D = want[0].shape
+    # prefill at three prompt lengths
+    layers = tuple(cfg.draft.feature_layers)
+    for extra in (3, 40, 120):
+        T = N + extra
+        ids = torch.randint(10, V, (1, T), generator=g)
+        ids[0, 1:N + 1] = cfg.target.image_token_id
+        ids[ids == cfg.target.image_token_id] = 9
+        ids[0, 1:N + 1] = cfg.target.image_token_id
+        cos, sin = target.rope(torch.arange(T)[None])
+        allowed = torch.rand(T, V, generator=g) > 0.1
+        args = (ids, cos, sin, want[0], want[1], allowed)
+        w = ex.PrefillGraph(target, layers)(*args)
+        got = run(s["prefill"], ids=ids, cos=cos, sin=sin, image_embeds=want[0], deepstack=want[1], allowed=allowed.numpy())
+        for name, a, b in zip(("logits", "argmax", "feats", "kv"), got, w):
+            close(f"prefill T={T}.{name}", a, b)
+    # step and draft feed at every verify width 1..k_max+1
+    cache = torch.randn(*target.new_cache(1, L).shape, generator=g)
+    dcache = torch.randn(*draft.new_cache(1, L).shape, generator=g)
+    for w_ in range(1, 10):
+        start = torch.tensor([200 + w_])
+        ids = torch.randint(10, V, (1, w_), generator=g)
+        cos, sin = target.rope(torch.arange(200, 200 + w_)[None])
+        allowed = torch.rand(w_, V, generator=g) > 0.1
+        want_s = ex.StepGraph(target, layers)(ids, cos, sin, cache, start, allowed)
+        got = run(s["step"], ids=ids, cos=cos, sin=sin, cache=cache, start=start, allowed=allowed.numpy())
+        for name, a, b in zip(("logits", "argmax", "feats", "new_kv"), got, want_s):
+            close(f"step w={w_}.{name}", a, b)
+        feats = torch.randn(1, w_, 3 * D, generator=g)
+        dcos, dsin = draft.rope(torch.arange(200, 200 + w_)[None])
+        want_d = ex.DraftFeedGraph(draft, True)(ids, dcos, dsin, dcache, start, allowed, feats)
+        got = run(s["draft_feed"], ids=ids, cos=dcos, sin=dsin, cache=dcache, start=start,
+                  allowed=allowed.numpy(), feats=feats)
+        for name, a, b in zip(("logits", "argmax", "hidden", "new_kv"), got, want_d):
+            close(f"draft_feed w={w_}.{name}", a, b)
+    # the action expert: velocity over a context of R rows, then the combined output
+    for R in (17, 260):
+        x, t = torch.randn(8, 64, 2, generator=g), torch.rand(8, generator=g)
+        ctx = torch.randn(12, 2, 1, 2, R, hd, generator=g)
+        cos, sin = expert.rope(R, 0, 8)
+        close(f"action_velocity R={R}", run(s["action_velocity"], x=x, t=t, context=ctx, cos=cos, sin=sin)[0],
+              expert.velocity(x, t, ctx, R, cos, sin))
+    x = torch.randn(8, 64, 2, generator=g)
+    close("action_output", run(s["action_output"], x=x, v0=np.array([7.5], np.float32))[0],
+          expert.finish(x, torch.tensor([7.5]), 8, "mean")[0])
+
+
+def ort_planner(engines, **cfg):
+    be, tok = open_backend(ModelSource(engines=engines), 512)
+    return Planner(be, tok, PlannerConfig(fallback="on_failure", euler_steps=2, trajectory_samples=8,
+                                          max_len=512, **cfg)), be
+
+
+def test_speculative_equals_plain_on_the_graphs(engines):
+    """20 scenes x k in {1, 4, 8, adaptive} (and a length limit of 13 reasoning tokens): the same
+    reasoning and trajectory as plain decoding of the same graphs; every loop branch is hit
+    (k = 8 also under the length limit: blocks that end at max_length)."""
+    limits = (64, 13)
+    plain = {m: ort_planner(engines, spec=SpecConfig(k=0, adaptive=False), max_reasoning_tokens=m)[0]
+             for m in limits}
+    modes = [SpecConfig(k=1, adaptive=False), SpecConfig(k=4, adaptive=False),
+             SpecConfig(k=8, adaptive=False), SpecConfig(k=4, adaptive=True)]
+    spec = [(64, ort_planner(engines, spec=s)[0]) for s in modes]
+    spec.append((13, ort_planner(engines, spec=modes[2], max_reasoning_tokens=13)[0]))
+    branches = Counter()
+    for i in range(20):
+        s = make_scene(100 + i, split="test")
+        ref = {m: plain[m].plan(s.images, s.history) for m in limits}
+        for m, p in spec:
+            r = p.plan(s.images, s.history)
+            assert r.reasoning_ids == ref[m].reasoning_ids, (i, m, p.cfg.spec)
+            assert np.array_equal(r.trajectory, ref[m].trajectory), (i, m, p.cfg.spec)
+            branches.update(r.decode["branches"])
+    print(dict(branches))
+    for b in ("all_accepted", "partial", "first_rejected", "stop_in_block", "max_length"):
+        assert branches[b] > 0, (b, dict(branches))
+
+
+def test_the_same_buffers_are_bound_across_steps(engines):
+    p, be = ort_planner(engines, spec=SpecConfig(k=4, adaptive=False))
+    value, ptr = be.bound["cache"], be.cache.ctypes.data
+    s = make_scene(7, split="test")
+    p.plan(s.images, s.history)
+    p.plan(s.images, s.history)
+    assert be.bound["cache"] is value and be.cache.ctypes.data == ptr
+    assert value.data_ptr() == ptr                      # the OrtValue is the numpy memory
+    graph, binding = be.last_binding
+    assert graph == "action_output"
+
+
+def test_the_plan_command_runs_without_torch(engines, tmp_path):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from tools.cli import main\n"
+            f"sys.exit(main(['plan', '--engines', {str(engines)!r}, '--scenes', '2', '--out', "
+            f"{str(tmp_path / 'o')!r}, '--quiet', '--pictures', '1']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = (tmp_path / "o" / "cycles.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(x)["trajectory"] for x in lines)
+
+
+def copy_of(engines, tmp_path):
+    dst = tmp_path / "e"
+    shutil.copytree(engines, dst)
+    return dst
+
+
+@pytest.mark.parametrize("how,word", [
+    ("hash", "does not match meta.json"),
+    ("missing", "missing (meta.json lists graph"),
+    ("backend", "expected kind 'engines'"),
+    ("format", "expected 'specdrive-onnx'"),
+    ("names", "inputs/outputs"),
+    ("tokenizer", "is not the tokenizer"),
+])
+def test_a_mismatched_engines_folder_is_refused(engines, tmp_path, how, word):
+    e = copy_of(engines, tmp_path)
+    meta = json.loads((e / "meta.json").read_text())
+    if how == "hash":
+        b = bytearray((e / "step.onnx").read_bytes())
+        b[-100] ^= 1
+        (e / "step.onnx").write_bytes(bytes(b))
+    elif how == "missing":
+        (e / "vision.onnx").unlink()
+    elif how == "backend":
+        meta["backend"] = "tensorrt-nope"
+    elif how == "format":
+        meta["format"] = "other"
+    elif how == "names":
+        meta["graphs"]["step"]["inputs"][0]["name"] = "tokens"
+    elif how == "tokenizer":
+        tok = json.loads((e / "tokenizer.json").read_text())
+        tok["words"][3], tok["words"][4] = tok["words"][4], tok["words"][3]
+        (e / "tokenizer.json").write_text(json.dumps(tok))
+    (e / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=word.replace("(", r"\(")):
+        open_backend(ModelSource(engines=e), 512)
+
+
+def test_max_len_and_image_shape_must_match_the_export(engines):
+    with pytest.raises(ConfigError, match="max_len=512"):
+        open_backend(ModelSource(engines=engines), 1024)
+    be, _ = open_backend(ModelSource(engines=engines), 512)
+    with pytest.raises(ConfigError, match="exported for"):
+        be.vision_grid((4, 2, 32, 96, 3))

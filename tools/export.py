@@ -1,0 +1,46 @@
+"""`specdrive export onnx`: a checkpoint folder -> ONNX graphs + meta.json (export/onnx.py).
+
+    specdrive export onnx --checkpoint DIR --out DIR [--draft NAME] [--profile cpu]
+                          [--max-len N] [--k-max K]
+
+The prompt contract's shapes (cameras, frames, image size), the expert's draws and how they
+combine, and max_len come from the planner profile unless given here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prompt.config import ConfigError
+from runtime.config import load_planner_config
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("export", help="export a checkpoint folder (onnx)",
+                              description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="format", metavar="FORMAT")
+    sub.required = True
+    o = sub.add_parser("onnx", help="ONNX graphs for the onnxruntime backend")
+    o.add_argument("--checkpoint", type=Path, required=True, help="trained planner folder")
+    o.add_argument("--out", type=Path, required=True, help="engines folder to write")
+    o.add_argument("--draft", default=None, help="draft variant (default: flat, else the only one)")
+    o.add_argument("--profile", default="cpu", help="planner profile: prompt shapes, draws, max_len")
+    o.add_argument("--max-len", type=int, default=None, help="cache rows (default: the profile's)")
+    o.add_argument("--k-max", type=int, default=None, help="largest draft length (default: the profile's)")
+    o.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from export.onnx import ExportConfig, export_onnx
+
+    prof = load_planner_config(args.profile)
+    cfg = ExportConfig(max_len=args.max_len or prof.max_len, k_max=args.k_max or prof.spec.k_max,
+                       samples=prof.trajectory_samples, combine=prof.trajectory_combine,
+                       cameras=len(prof.cameras), frames=prof.frames, image_hw=tuple(prof.image_hw))
+    if cfg.max_len < 64 or cfg.k_max < 1:
+        raise ConfigError(f"--max-len {cfg.max_len} / --k-max {cfg.k_max}: need max_len >= 64, k_max >= 1")
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder")
+    meta = export_onnx(args.checkpoint, args.out, args.draft, cfg)
+    print(f"wrote {len(meta['graphs'])} graphs, meta.json and tokenizer.json to {args.out}; run them with "
+          f"`specdrive plan --engines {args.out}`")
+    return 0
