@@ -10,7 +10,8 @@ Flow matching (upstream alpamayo_r1/diffusion/flow_matching.py): x_t = t x1 + (1
 x0 ~ N(0, I) noise and x1 the normalised actions; the network predicts the velocity x1 - x0;
 sampling integrates dx/dt = v(x_t, t) from t = 0 (noise) to 1 with `euler_steps` Euler steps.
 
-Attention: the 64 action tokens are non-causal among themselves and see the target's cache
+Attention: the 64 action tokens are non-causal among themselves (ExpertConfig.non_causal, upstream
+expert_non_causal_attention; False: causal among them) and see the target's cache
 rows [0, cache_len) in every layer (rows past cache_len are never read). cache_len is host
 data (an int, or host lengths): the number of rows to read is known before the call, so
 nothing is read back from the device (a graph or an export takes it as its bucket size). The expert projects
@@ -160,11 +161,14 @@ class ActionExpert(nn.Module):
                 or lens.max() > cache.shape[4]:
             raise ValueError(f"cache_len={cache_len} must be a host int or ({batch},) host lengths in "
                              f"[0, max_len={cache.shape[4]}]")
-        rows = int(lens.max())           # host lengths: no device read-back
-        if bool((lens == rows).all()):
+        rows, W = int(lens.max()), self.cfg.n_waypoints    # host lengths: no device read-back
+        keys = torch.arange(rows + W)
+        if self.cfg.non_causal and bool((lens == rows).all()):
             return rows, None
-        keys = torch.arange(rows + self.cfg.n_waypoints)
-        return rows, ((keys < lens[:, None]) | (keys >= rows))[:, None, None].to(cache.device)
+        mask = ((keys < lens[:, None]) | (keys >= rows))[:, None, None]          # (B|1, 1, 1, rows+W)
+        if not self.cfg.non_causal:   # action token i sees cache rows and action tokens <= i
+            mask = mask & (keys[None, :] < rows + 1 + torch.arange(W)[:, None])  # (B|1, 1, W, rows+W)
+        return rows, mask.to(cache.device)
 
     def normalize(self, actions: torch.Tensor) -> torch.Tensor:
         return (actions - self.action_mean) / self.action_std

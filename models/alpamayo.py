@@ -14,15 +14,24 @@ So the tensors are `vlm.` + the Hugging Face Qwen3-VL names (models/hf.py), `exp
 in sharded safetensors with `model.safetensors.index.json`. The release config.json is flat
 (the VLM's own config comes from `vlm_name_or_path`), so `load_alpamayo` takes the Qwen3-VL
 config.json as `vlm_config` unless config.json carries text_config/vision_config itself.
+
+Sizes come from the folder, never from a preset: the vocabulary is the embedding's row count
+(upstream sets vocab_size = len(tokenizer), Qwen's tokens + trajectory + added tokens). The 7
+non-learned buffers (action_in_proj.sinus.{0,1}.freqs, action_in_proj.timestep_fourier_encoder
+.freqs, action_space.{accel,curvature}_{mean,std}) are rebuilt from config.json when a folder
+omits them. `release_config` writes every key AlpamayoR1Config / ReasoningVLAConfig read.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from prompt.config import ConfigError, read_json
 
 from models.action_expert import DT, MAX_FREQ, ActionExpert, expert_llm, in_proj_shape
 from models.config import DraftConfig, ExpertConfig, ModelConfig
@@ -99,9 +108,27 @@ def to_alpamayo(target: Target, expert: ActionExpert) -> dict[str, torch.Tensor]
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 
-def from_alpamayo(tensors: dict[str, torch.Tensor], cfg: ModelConfig, dtype=torch.float32):
+def rebuilt_buffers(cfg: ExpertConfig, space: dict | None = None) -> dict[str, torch.Tensor]:
+    """The 7 non-learned buffers upstream registers, from the config: Fourier frequencies
+    logspace(0, log10(max_freq), feats/2) (FourierEncoderV2) and the action normalisation
+    (UnicycleAccelCurvatureActionSpace: action_space_cfg {accel,curvature}_{mean,std}, else 0 / 1)."""
+    feats, _, _ = in_proj_shape(cfg)
+    freqs = torch.logspace(0, math.log10(MAX_FREQ), feats // 2)[None]
+    out = {f"action_in_proj.sinus.{i}.freqs": freqs.clone() for i in range(cfg.action_dim)}
+    out["action_in_proj.timestep_fourier_encoder.freqs"] = freqs.clone()
+    space = space or {}
+    for name in SPACE:
+        out[f"action_space.{name}_mean"] = torch.tensor(float(space.get(f"{name}_mean", 0.0)))
+        out[f"action_space.{name}_std"] = torch.tensor(float(space.get(f"{name}_std", 1.0)))
+    return out
+
+
+def from_alpamayo(tensors: dict[str, torch.Tensor], cfg: ModelConfig, dtype=torch.float32,
+                  space: dict | None = None):
     """{upstream name: tensor} -> (Target, ActionExpert); refuses missing, unexpected or
-    mis-shaped tensors with their names and expected shapes."""
+    mis-shaped tensors with their names and expected shapes. Non-learned buffers the folder
+    omits are rebuilt from the config (`space`: the release's action_space_cfg)."""
+    tensors = {**rebuilt_buffers(cfg.expert, space), **tensors}
     expected = expected_shapes(cfg)
     check_names(expected, tensors, "Alpamayo-R1 checkpoint")
     target = Target(cfg.target).to(dtype)
@@ -124,11 +151,16 @@ def from_alpamayo(tensors: dict[str, torch.Tensor], cfg: ModelConfig, dtype=torc
     return target, expert
 
 
-def model_config(alpamayo: dict, vlm: dict) -> ModelConfig:
-    """Release config.json (flat) + the VLM's Qwen3-VL config.json -> ModelConfig."""
+def model_config(alpamayo: dict, vlm: dict, vocab_size: int | None = None) -> ModelConfig:
+    """Release config.json (flat) + the VLM's Qwen3-VL config.json -> ModelConfig.
+    vocab_size: the folder's embedding rows (wins; config.json's vocab_size must agree)."""
     target = config_from_hf(vlm)
-    if "vocab_size" in alpamayo:  # the VLM's vocabulary grown by the trajectory/special tokens
-        llm = dataclasses.replace(target.llm, vocab_size=int(alpamayo["vocab_size"]))
+    vocab = vocab_size or alpamayo.get("vocab_size")
+    if vocab_size and alpamayo.get("vocab_size", vocab_size) != vocab_size:
+        raise ConfigError(f"config.json vocab_size={alpamayo['vocab_size']} but the folder's embedding has "
+                          f"{vocab_size} rows")
+    if vocab:  # the VLM's vocabulary grown by the trajectory/special tokens
+        llm = dataclasses.replace(target.llm, vocab_size=int(vocab))
         target = dataclasses.replace(target, llm=llm)
     tc, ec = vlm.get("text_config") or vlm, alpamayo.get("expert_cfg") or {}
     space, diff = alpamayo.get("action_space_cfg") or {}, alpamayo.get("diffusion_cfg") or {}
@@ -148,7 +180,8 @@ def model_config(alpamayo: dict, vlm: dict) -> ModelConfig:
                           euler_steps=diff.get("num_inference_steps", 10),
                           fourier_feats=proj.get("num_fourier_feats", 20),
                           in_proj_layers=proj.get("num_enc_layers", 4),
-                          in_proj_hidden=proj.get("hidden_size", 1024))
+                          in_proj_hidden=proj.get("hidden_size", 1024),
+                          non_causal=bool(alpamayo.get("expert_non_causal_attention", True)))
     cfg = ModelConfig(target=target, draft=DraftConfig(), expert=expert)
     _check_in_proj(alpamayo.get("action_in_proj_cfg") or {}, cfg.expert)
     return cfg
@@ -163,19 +196,42 @@ def _check_in_proj(upstream: dict, cfg: ExpertConfig) -> None:
                          f"max_freq)={theirs} but this expert builds {(feats, layers, hidden, MAX_FREQ)}")
 
 
-def release_config(cfg: ModelConfig, vlm_name_or_path: str) -> dict:
-    """The flat config.json fields AlpamayoR1Config reads, for a checkpoint we write."""
+# The trajectory-token settings of the release (upstream ReasoningVLAConfig keys): 3000
+# (accel, curvature) future bins in [-10, 10] and 1000 delta history bins, 4000 <i*> tokens.
+RELEASE_TOKENS = {
+    "traj_vocab_size": 4000, "add_special_tokens": True, "tokens_per_history_traj": 48,
+    "traj_tokenizer_cfg": {
+        "_target_": "alpamayo_r1.action_space.discrete_action_space.DiscreteTrajectoryTokenizer",
+        "_recursive_": False, "num_bins": 3000, "dims_min": [-10.0, -10.0], "dims_max": [10.0, 10.0],
+        "action_space_cfg": {"_target_": "alpamayo_r1.action_space.unicycle_accel_curvature."
+                                         "UnicycleAccelCurvatureActionSpace"}},
+    "hist_traj_tokenizer_cfg": {"_target_": "alpamayo_r1.models.delta_tokenizer.DeltaTrajectoryTokenizer",
+                                "num_bins": 1000},
+}
+TOKEN_KEYS = tuple(RELEASE_TOKENS)
+
+
+def release_config(cfg: ModelConfig, vlm_name_or_path: str, tokens: dict | None = None,
+                   action_stats: dict | None = None) -> dict:
+    """The flat config.json fields AlpamayoR1Config and ReasoningVLAConfig read, for a checkpoint
+    we write. tokens: the trajectory-token settings (TOKEN_KEYS; default RELEASE_TOKENS, or the
+    ones of the folder a model was loaded from); action_stats: {accel,curvature}_{mean,std}."""
     feats, layers, hidden = in_proj_shape(cfg.expert)
     e, llm = cfg.expert, cfg.target.llm
+    tokens = {**RELEASE_TOKENS, **{k: v for k, v in (tokens or {}).items() if k in TOKEN_KEYS}}
     return {
         "model_type": "alpamayo_r1", "architectures": ["AlpamayoR1"],
         "vlm_name_or_path": vlm_name_or_path, "vlm_backend": "qwenvl3", "vocab_size": llm.vocab_size,
-        "tokens_per_future_traj": e.n_waypoints, "expert_non_causal_attention": True,
+        **tokens,
+        # the discrete future tokens: one per action value per waypoint (not the waypoint count)
+        "tokens_per_future_traj": e.n_waypoints * e.action_dim,
+        "expert_non_causal_attention": e.non_causal, "keep_same_dtype": True,
         "expert_cfg": {"hidden_size": e.hidden, "num_attention_heads": e.heads,
                        "num_key_value_heads": llm.kv_heads, "head_dim": llm.head_dim,
                        "intermediate_size": e.intermediate},
         "action_space_cfg": {"_target_": "alpamayo_r1.action_space.unicycle_accel_curvature."
-                             "UnicycleAccelCurvatureActionSpace", "n_waypoints": e.n_waypoints, "dt": DT},
+                             "UnicycleAccelCurvatureActionSpace", "n_waypoints": e.n_waypoints, "dt": DT,
+                             **(action_stats or {})},
         "action_in_proj_cfg": {"_target_": "alpamayo_r1.models.action_in_proj.PerWaypointActionInProjV2",
                                "num_fourier_feats": feats, "num_enc_layers": layers,
                                "hidden_size": hidden, "max_freq": MAX_FREQ},
@@ -186,9 +242,11 @@ def release_config(cfg: ModelConfig, vlm_name_or_path: str) -> dict:
 
 
 def save_alpamayo(path, target: Target, expert: ActionExpert, cfg: ModelConfig,
-                  vlm_name_or_path: str = "Qwen/Qwen3-VL-8B-Instruct", shard_bytes: int = 1 << 30):
+                  vlm_name_or_path: str = "Qwen/Qwen3-VL-8B-Instruct", shard_bytes: int = 1 << 30,
+                  tokens: dict | None = None):
     """Write config.json + model-0000i-of-0000n.safetensors + the index, as the release does;
-    also `vlm_config.json` (the Qwen3-VL config the release fetches from `vlm_name_or_path`)."""
+    also `vlm_config.json` (the Qwen3-VL config the release fetches from `vlm_name_or_path`).
+    tokens: trajectory-token settings for config.json (release_config)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     shards, size = [{}], 0
@@ -205,7 +263,9 @@ def save_alpamayo(path, target: Target, expert: ActionExpert, cfg: ModelConfig,
     total = sum(t.nbytes for s in shards for t in s.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / INDEX).write_text(json.dumps(index, indent=2))
-    (path / "config.json").write_text(json.dumps(release_config(cfg, vlm_name_or_path), indent=2))
+    stats = {f"{n}_{s}": float(getattr(expert, f"action_{s}")[i]) for i, n in enumerate(SPACE)
+             for s in ("mean", "std")}
+    (path / "config.json").write_text(json.dumps(release_config(cfg, vlm_name_or_path, tokens, stats), indent=2))
     (path / "vlm_config.json").write_text(json.dumps(hf_config(cfg.target), indent=2))
 
 
@@ -216,9 +276,12 @@ def load_alpamayo(path, vlm_config=None, dtype=torch.float32):
     vlm_config.json, or text_config/vision_config inside config.json.
     """
     path = Path(path)
-    alpamayo = json.loads((path / "config.json").read_text())
-    cfg = model_config(alpamayo, _vlm_config(path, alpamayo, vlm_config))
-    target, expert = from_alpamayo(_read_shards(path), cfg, dtype)
+    alpamayo = read_json(path / "config.json", "Alpamayo-R1 config")
+    vlm = _vlm_config(path, alpamayo, vlm_config)
+    tensors = _read_shards(path)
+    embed = tensors.get("vlm.model.language_model.embed_tokens.weight")
+    cfg = model_config(alpamayo, vlm, None if embed is None else int(embed.shape[0]))
+    target, expert = from_alpamayo(tensors, cfg, dtype, alpamayo.get("action_space_cfg"))
     return target, expert, cfg
 
 
@@ -226,13 +289,15 @@ def _vlm_config(path: Path, alpamayo: dict, vlm_config) -> dict:
     if isinstance(vlm_config, dict):
         return vlm_config
     if vlm_config is not None:
-        return json.loads(Path(vlm_config).read_text())
+        return read_json(vlm_config, "vlm_config")
     if "text_config" in alpamayo and "vision_config" in alpamayo:
         return alpamayo
     if (path / "vlm_config.json").is_file():
-        return json.loads((path / "vlm_config.json").read_text())
-    raise ValueError(f"{path}/config.json is flat and names vlm_name_or_path="
-                     f"{alpamayo.get('vlm_name_or_path')!r}; pass that model's config.json as vlm_config")
+        return read_json(path / "vlm_config.json", "vlm_config")
+    raise ConfigError(f"{path}/config.json is flat (no text_config / vision_config) and names "
+                      f"vlm_name_or_path={alpamayo.get('vlm_name_or_path')!r}, but there is no vlm_config: "
+                      f"put that model's config.json in the folder as vlm_config.json, or pass that "
+                      f"model's config.json as vlm_config")
 
 
 def _read_shards(path: Path) -> dict[str, torch.Tensor]:

@@ -157,6 +157,8 @@ class ExpertConfig:
     fourier_feats: int = 20      # action input projection: Fourier features per action value
     in_proj_layers: int = 2      # its MLP depth
     in_proj_hidden: int = 0      # its MLP width; 0 = expert.hidden (resolved on construction)
+    non_causal: bool = True      # action tokens see each other (upstream expert_non_causal_attention);
+                                 # False: action token i sees action tokens <= i only
 
     def __post_init__(self):
         for name in ("hidden", "heads", "intermediate", "n_waypoints", "euler_steps",

@@ -1,7 +1,7 @@
 """Parameter counts and KV-cache bytes of a ModelConfig, from shapes alone (nothing allocated),
 and the measured cost ratio c = (draft step time) / (target step time).
 
-    param_counts(cfg) -> {"vision", "llm", "target", "draft", "expert", "total"}
+    param_counts(cfg) -> {"vision", "llm", "target", "draft", "expert", "expert_decoder", "total"}
     kv_cache_bytes(cfg, batch, max_len, bytes_per_value=2) -> {"target", "draft"}
     step_cost_ratio(cfg, cached=400, runs=200) -> dict with c and the median step times
 
@@ -62,15 +62,21 @@ def draft_params(cfg: ModelConfig) -> int:
     return fused + llm.layers * decoder_layer_params(llm) + D
 
 
+def expert_decoder_params(cfg: ModelConfig) -> int:
+    """One decoder layer per target layer and the final norm: upstream's `expert` module alone
+    (AlpamayoR1.expert, the text model with embed_tokens deleted)."""
+    layer = expert_llm(cfg.expert, cfg.target.llm)
+    return layer.layers * decoder_layer_params(layer) + cfg.expert.hidden
+
+
 def expert_params(cfg: ModelConfig) -> int:
-    """Action in-projection MLP + LayerNorm, one decoder layer per target layer, norm, out-proj."""
+    """Action in-projection MLP + LayerNorm, the decoder (expert_decoder_params), out-proj."""
     e = cfg.expert
     feats, layers, hidden = in_proj_shape(e)
     in_proj = linear(feats * (e.action_dim + 1), hidden) + 2 * e.hidden
     for i in range(layers):
         in_proj += hidden + linear(hidden, e.hidden if i == layers - 1 else hidden)
-    layer = expert_llm(e, cfg.target.llm)
-    return in_proj + layer.layers * decoder_layer_params(layer) + e.hidden + linear(e.hidden, e.action_dim)
+    return in_proj + expert_decoder_params(cfg) + linear(e.hidden, e.action_dim)
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
@@ -79,6 +85,7 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     counts = {"vision": vision, "llm": llm, "target": vision + llm,
               "draft": draft_params(cfg), "expert": expert_params(cfg)}
     counts["total"] = counts["target"] + counts["draft"] + counts["expert"]
+    counts["expert_decoder"] = expert_decoder_params(cfg)   # part of "expert", not added again
     return counts
 
 

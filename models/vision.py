@@ -173,6 +173,11 @@ class VisionTower(nn.Module):
 
     def forward(self, pixel_patches: torch.Tensor, grid_thw) -> tuple[torch.Tensor, list]:
         cfg, grids = self.cfg, _grids(grid_thw)
+        odd = [k for k, (t, h, w) in enumerate(grids) if h % cfg.merge or w % cfg.merge]
+        if odd:
+            raise ValueError(f"image {odd[0]}: patch grid {grids[odd[0]]} (t, h, w) is not divisible by the "
+                             f"spatial merge {cfg.merge}; give images whose sides are multiples of "
+                             f"patch*merge={cfg.patch * cfg.merge} pixels")
         unit = cfg.merge * cfg.merge
         if pixel_patches.shape != (sum(t * h * w for t, h, w in grids), cfg.patch_dim):
             raise ValueError(f"pixel_patches shape {tuple(pixel_patches.shape)} does not match "

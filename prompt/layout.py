@@ -1,5 +1,11 @@
 """The prompt layout, as Alpamayo-R1 lays it out (chat template, images, ego history, CoC, future).
 
+Two layouts share this contract, chosen by the tokenizer (`tok.layout`):
+  "specdrive"  the closed word vocabulary's layout below (checkpoints/tiny was trained on it);
+  "alpamayo"   Alpamayo-R1's own chat template over a Hugging Face tokenizer
+               (prompt/hf_tokenizer.py), built by `alpamayo_prompt` below.
+`tok.conditioning` (Conditioning) says how the action expert is conditioned in that layout.
+
     <|im_start|> user
       (<|vision_start|> <|image_pad|> x n_i <|vision_end|>)   for each camera image
       <|traj_history_start|> 48 history tokens <|traj_history_end|>
@@ -15,10 +21,42 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prompt.trajectory import future_tokens, history_tokens
+from prompt.config import check_choice, check_range
+from prompt.trajectory import (DT, V0_ESTIMATORS, future_tokens, history_tokens, v0_backward_difference,
+                               v0_least_squares)
 
 SEG_TEXT, SEG_VISION, SEG_HISTORY, SEG_COC, SEG_FUTURE = 0, 1, 2, 3, 4
 ROUTINE, COMMITMENT = 1, 2  # values of Prompt.coc_kind for CoC word tokens (0 elsewhere)
+
+
+EXPERT_ROWS = ("cot_end", "traj_future_start")
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """How the action expert is conditioned, a property of a checkpoint's layout: the last cache
+    row it reads (<|cot_end|>, or one row more, <|traj_future_start|>, as upstream Alpamayo-R1
+    runs it) and the estimator of its initial speed v0 (prompt.trajectory.V0_ESTIMATORS)."""
+    through: str = "cot_end"
+    v0: str = "backward_difference"
+    v_lambda: float = 1e-6      # least_squares only: upstream's v_lambda / v_ridge defaults
+    v_ridge: float = 1e-4
+
+    def __post_init__(self):
+        check_choice("conditioning.through", self.through, EXPERT_ROWS)
+        check_choice("conditioning.v0", self.v0, V0_ESTIMATORS)
+        check_range("conditioning.v_lambda", self.v_lambda, lo=0.0)
+        check_range("conditioning.v_ridge", self.v_ridge, lo=0.0)
+
+    def tail(self, tok) -> list[int]:
+        """Token ids after <|cot_end|> that the expert's cache rows hold."""
+        return [] if self.through == "cot_end" else [tok.traj_future_start]
+
+    def speed(self, history) -> float:
+        """v0 (m/s) of (16, 3) poses by this layout's estimator."""
+        if self.v0 == "least_squares":
+            return v0_least_squares(history, DT, self.v_lambda, self.v_ridge)
+        return v0_backward_difference(history)
 
 
 @dataclass
@@ -53,6 +91,10 @@ def build_prompt(tok, image_tokens, history, coc: str | None = None, future=None
     future: (64, 2|3) waypoints for token-output training, or None;
     coc_routine: per CoC word, True when routine (follows from the history).
     """
+    if tok.layout == "alpamayo":
+        if coc is not None or future is not None:
+            raise ValueError("the Alpamayo-R1 layout builds inference prompts only (no CoC, no future)")
+        return alpamayo_prompt(tok, image_tokens, history)
     b = _Builder()
     b.add([tok.im_start, tok.id("user")], SEG_TEXT)
     spans = []
@@ -80,3 +122,40 @@ def build_prompt(tok, image_tokens, history, coc: str | None = None, future=None
         raise ValueError("a future needs the CoC before it (the layout is CoC, then trajectory)")
     return Prompt(np.array(b.ids, dtype=np.int64), np.array(b.seg, dtype=np.int8),
                   np.array(b.kind, dtype=np.int8), spans, reasoning_start)
+
+
+# --- Alpamayo-R1's layout ------------------------------------------------------------------------
+# Upstream NVlabs/alpamayo @ 1cba38c, src/alpamayo_r1/helper.py create_message: a system message,
+# a user message of the images (cameras x frames, camera-major: image_frames.flatten(0, 1)) then
+# one text (the history placeholders + an instruction), and an assistant message "<|cot_start|>";
+# rendered by Qwen3-VL's chat template with continue_final_message=True (the prompt ends right
+# after <|cot_start|>, no <|im_end|>); the processor expands each <|image_pad|> into the image's
+# merged-token count; models/base_model.py fuse_traj_tokens then writes the history token ids
+# (DeltaTrajectoryTokenizer bins + hist_token_start_idx) into the <|traj_history|> slots in order.
+ALPAMAYO_SYSTEM = "You are a driving assistant that generates safe and accurate actions."
+ALPAMAYO_INSTRUCTION = ("output the chain-of-thought reasoning of the driving process, "
+                        "then output the future trajectory.")
+
+
+def alpamayo_text(image_tokens, n_history: int) -> str:
+    """The rendered chat text with the image pads expanded, before tokenization."""
+    images = "".join("<|vision_start|>" + "<|image_pad|>" * int(n) + "<|vision_end|>" for n in image_tokens)
+    history = "<|traj_history_start|>" + "<|traj_history|>" * n_history + "<|traj_history_end|>"
+    return (f"<|im_start|>system\n{ALPAMAYO_SYSTEM}<|im_end|>\n"
+            f"<|im_start|>user\n{images}{history}{ALPAMAYO_INSTRUCTION}<|im_end|>\n"
+            "<|im_start|>assistant\n<|cot_start|>")
+
+
+def alpamayo_prompt(tok, image_tokens, history) -> Prompt:
+    """Inference prompt of one scene in Alpamayo-R1's layout (tok: a HF AlpamayoTokenizer)."""
+    hist = tok.history_tokens(history)
+    ids = np.asarray(tok.encode(alpamayo_text(image_tokens, len(hist))), np.int64)
+    slots = ids == tok.traj_history
+    if int(slots.sum()) != len(hist):
+        raise ValueError(f"{int(slots.sum())} <|traj_history|> slots for {len(hist)} history tokens")
+    ids[slots] = hist
+    segment = np.full(len(ids), SEG_TEXT, np.int8)
+    segment[ids == tok.image_pad], segment[slots] = SEG_VISION, SEG_HISTORY
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], (ids == tok.image_pad).astype(np.int8)])) == 1)
+    spans = [(int(s), int(n)) for s, n in zip(starts, image_tokens)]
+    return Prompt(ids, segment, np.zeros(len(ids), np.int8), spans, len(ids))

@@ -145,3 +145,59 @@ def tokens_to_future(tok, ids) -> np.ndarray:
 def future_token_range(tok, index: int) -> range:
     """Which id range the index-th future token (0-based, x/y alternating) must come from."""
     return tok.fut_x_ids if index % 2 == 0 else tok.fut_y_ids
+
+
+# --- the expert's initial speed, and Alpamayo-R1's history tokens ------------------------------
+# Upstream (NVlabs/alpamayo @ 1cba38c): action_space/unicycle_accel_curvature.py
+# estimate_t0_states -> action_space/utils.py dxy_theta_to_v_without_v0, and
+# models/delta_tokenizer.py DeltaTrajectoryTokenizer.encode (via base_model.py
+# tokenize_history_trajectory, which passes the history as the "future" to encode).
+
+V0_ESTIMATORS = ("backward_difference", "least_squares")
+
+
+def v0_backward_difference(history, dt: float = DT) -> float:
+    """(3 x[-1] - 4 x[-2] + x[-3]) / (2 dt) along the t0 heading: specdrive's own estimator
+    (models.action_expert.v0_from_history, what checkpoints/tiny was trained with)."""
+    x = np.asarray(history, dtype=np.float64)[:, 0]
+    return float((3 * x[-1] - 4 * x[-2] + x[-3]) / (2 * dt))
+
+
+def v0_least_squares(history, dt: float = DT, v_lambda: float = 1e-6, v_ridge: float = 1e-4) -> float:
+    """Upstream's estimate_t0_states: speeds v[0..N] of the N+1 poses solve
+        min |A v - 2 dp / dt|^2 + (v_lambda / dt^6) |D3 v|^2 + v_ridge |v|^2
+    with rows (x, y) of step k holding u(th[k]) at column k and u(th[k+1]) at k+1 (the
+    trapezoid rule p[k+1] - p[k] = dt/2 (v[k] u[k] + v[k+1] u[k+1])), D3 the third difference,
+    th the unwrapped headings; v0 = v[N] (the t0 pose). history (T, 3) x, y, heading."""
+    h = np.asarray(history, dtype=np.float64)
+    n = h.shape[0] - 1
+    th = h[0, 2] + np.concatenate([[0.0], np.cumsum(_wrap(np.diff(h[:, 2])))])
+    A = np.zeros((2 * n, n + 1))
+    rows, cols = 2 * np.arange(n), np.arange(n)
+    A[rows, cols], A[rows, cols + 1] = np.cos(th[:-1]), np.cos(th[1:])
+    A[rows + 1, cols], A[rows + 1, cols + 1] = np.sin(th[:-1]), np.sin(th[1:])
+    b = (2 / dt * np.diff(h[:, :2], axis=0)).reshape(-1)
+    D3 = np.zeros((max(n - 2, 0), n + 1))
+    r = np.arange(max(n - 2, 0))
+    D3[r, r], D3[r, r + 1], D3[r, r + 2], D3[r, r + 3] = -1.0, 3.0, -3.0, 1.0
+    lhs = A.T @ A + v_lambda / dt**6 * D3.T @ D3 + v_ridge * np.eye(n + 1)
+    return float(np.linalg.solve(lhs, A.T @ b)[-1])
+
+
+def _wrap(d: np.ndarray) -> np.ndarray:
+    """Angles into [-pi, pi] as upstream's round_2pi_torch: atan2(sin d, cos d)."""
+    return np.arctan2(np.sin(d), np.cos(d))
+
+
+def delta_history_bins(history, num_bins: int = 1000, xyz_min=(-4.0, -4.0, -10.0),
+                       xyz_max=(4.0, 4.0, 10.0)) -> np.ndarray:
+    """Alpamayo-R1's history tokens: (T, 3) poses (x, y, heading; z = 0) -> (3 T,) bins of the
+    per-step displacement (x, y, z), the first step taken from the origin (upstream pads the
+    origin before the oldest pose), each scaled from [xyz_min, xyz_max] to [0, num_bins - 1],
+    rounded half to even (torch.round) and clipped."""
+    h = np.asarray(history, dtype=np.float64)
+    xyz = np.concatenate([h[:, :2], np.zeros((h.shape[0], 1))], axis=1)
+    d = np.diff(np.concatenate([np.zeros((1, 3)), xyz]), axis=0)
+    lo, hi = np.asarray(xyz_min, np.float64), np.asarray(xyz_max, np.float64)
+    q = np.rint((d - lo) / (hi - lo) * (num_bins - 1)).astype(np.int64)
+    return np.clip(q, 0, num_bins - 1).reshape(-1)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError, read_json
+from prompt.config import ConfigError, from_dict, read_json, to_dict
+from prompt.layout import Conditioning
 from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
 
 SPECIAL = (
@@ -36,9 +37,15 @@ def _attr(token: str) -> str:
 
 
 class Tokenizer:
-    """Word-level tokenizer over a closed vocabulary; `tok.cot_end` etc. are special-token ids."""
+    """Word-level tokenizer over a closed vocabulary; `tok.cot_end` etc. are special-token ids.
 
-    def __init__(self, words: list[str]):
+    Its layout is specdrive's (prompt/layout.py); `conditioning` (how the action expert reads the
+    cache) is the trained one: through <|cot_end|>, v0 by backward difference, unless the saved
+    JSON says otherwise (the key is written only when it differs, so fingerprints stay)."""
+    layout = "specdrive"
+    token_trajectory = True      # the 128-token trajectory output (x, y bins) is available
+
+    def __init__(self, words: list[str], conditioning: Conditioning | None = None):
         bad = [w for w in words if not w or " " in w or w in SPECIAL]
         if bad:
             raise ConfigError(f"vocabulary words must be non-empty, space-free and not special tokens; bad: {bad[:5]}")
@@ -49,6 +56,7 @@ class Tokenizer:
         self.fut_y_ids = range(self.fut_x_ids.stop, self.fut_x_ids.stop + FUT_Y_BINS)
         self.word_ids = range(self.fut_y_ids.stop, self.fut_y_ids.stop + len(words))
         self.words = words
+        self.conditioning = conditioning or Conditioning()
         self._id = {t: i for i, t in enumerate(SPECIAL)}
         self._id.update({w: self.word_ids.start + i for i, w in enumerate(words)})
         for i, t in enumerate(SPECIAL):
@@ -109,8 +117,11 @@ class Tokenizer:
         return self.masks()["text"]
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "special": list(SPECIAL), "hist_bins": HIST_BINS,
+        data = {"format": FORMAT, "special": list(SPECIAL), "hist_bins": HIST_BINS,
                 "fut_x_bins": FUT_X_BINS, "fut_y_bins": FUT_Y_BINS, "words": self.words}
+        if self.conditioning != Conditioning():
+            data["conditioning"] = to_dict(self.conditioning)
+        return data
 
     @property
     def fingerprint(self) -> str:
@@ -132,4 +143,5 @@ class Tokenizer:
         for key, value in expect.items():
             if data.get(key) != value:
                 raise ConfigError(f"{where}: {key}={data.get(key)!r} does not match this specdrive ({value!r})")
-        return cls(data["words"])
+        cond = data.get("conditioning")
+        return cls(data["words"], None if cond is None else from_dict(Conditioning, cond, f"{where}: conditioning"))

@@ -27,7 +27,7 @@ from runtime.acceptance import trajectory_range_ids
 from runtime.adaptive import AcceptanceRate, StepPolicy
 from runtime.backend import PrefillInputs
 from runtime.budget import CostModel, CycleBudget, wall_ms
-from runtime.checks import check_history, check_trajectory, comfortable_stop, ego_speed
+from runtime.checks import check_history, check_trajectory, comfortable_stop
 from runtime.config import PlannerConfig
 from runtime.cycle import CycleResult, InputError, check_images, future_from_tokens
 from runtime.loop import DecodeState, DecodeStats, GreedyRule, RelaxedRule, SamplingRule, decode
@@ -46,6 +46,9 @@ class Planner:
             raise ConfigError(f"backend vocab_size={backend.vocab_size} does not match the "
                               f"tokenizer ({len(tokenizer)} tokens)")
         spec = self.cfg.spec
+        if self.cfg.trajectory == "tokens" and not tokenizer.token_trajectory:
+            raise ConfigError(f"trajectory='tokens' needs a layout with x/y trajectory tokens; the "
+                              f"{tokenizer.layout!r} layout's trajectory comes from the expert")
         if backend.exact_only and (spec.decoding != "greedy" or spec.relax_r):
             raise ConfigError(f"backend {backend.name!r} accepts tokens inside its engine: only "
                               "decoding='greedy' with relax_r=0 (exact acceptance) is available")
@@ -164,7 +167,7 @@ class Planner:
         problems = check_history(history, self.cfg.checks)
         if problems:
             raise InputError(problems[0])
-        v0 = ego_speed(history)
+        v0 = self.tok.conditioning.speed(history)     # the layout's v0 estimator
         self.last_v0 = v0
         return check_images(images, self.cfg), v0
 
@@ -292,9 +295,11 @@ class _Cycle:
                           cap=self.budget.cap if reasoning else None, rate=self.p.rates[phase])
 
     def _reserve(self) -> int:
-        """Cache rows kept free after the reasoning: <|cot_end|> (+ <|traj_future_start|> and
-        the 128 trajectory tokens when the trajectory is decoded as tokens)."""
-        return 1 if self.cfg.trajectory == "expert" else 2 + FUTURE_TOKENS
+        """Cache rows kept free after the reasoning: <|cot_end|> and the layout's conditioning
+        tail (+ <|traj_future_start|> and the 128 trajectory tokens when decoded as tokens)."""
+        if self.cfg.trajectory == "expert":
+            return 1 + len(self.tok.conditioning.tail(self.tok))
+        return 2 + FUTURE_TOKENS
 
     def _reason(self, state: DecodeState) -> None:
         stats, tok = DecodeStats(), self.tok
@@ -312,7 +317,8 @@ class _Cycle:
         self.res.decode = stats.to_json()
 
     def _trajectory(self, state: DecodeState) -> np.ndarray:
-        """Expert on the cache through <|cot_end|>, or <|traj_future_start|> + 128 decoded
+        """Expert on the cache through <|cot_end|> and the layout's conditioning tail (upstream
+        Alpamayo-R1: one row more, <|traj_future_start|>), or <|traj_future_start|> + 128 decoded
         trajectory tokens (relaxed acceptance if asked).
 
         The expert's cache rows of the reasoning are rewritten in one pass from the final text:
@@ -321,7 +327,8 @@ class _Cycle:
         trajectory by ~0.3 m). Rewritten, the trajectory is a function of the prompt and the
         reasoning text alone, so speculative and plain decoding deliver the same waypoints."""
         if self.cfg.trajectory == "expert":
-            coc = np.asarray(state.seq[self.prompt_len:], np.int64)
+            tail = self.tok.conditioning.tail(self.tok)
+            coc = np.asarray(list(state.seq[self.prompt_len:]) + tail, np.int64)
             return self.p.run_expert(coc, self.prompt_len, self.v0, self.seed)
         state.force([self.tok.traj_future_start])
         xy = np.zeros((2, len(self.tok)), bool)                        # x bin, y bin, x bin, ...
