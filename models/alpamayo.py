@@ -35,7 +35,7 @@ from prompt.config import ConfigError, read_json
 
 from models.action_expert import DT, MAX_FREQ, ActionExpert, expert_llm, in_proj_shape
 from models.config import DraftConfig, ExpertConfig, ModelConfig
-from models.hf import PATCH_KEY, hf_shapes, to_hf_name, config_from_hf, hf_config
+from models.hf import PATCH_KEY, config_from_hf, hf_config, hf_shapes, to_hf_name, weight_files
 from models.io import check_names
 from models.target import Target
 
@@ -212,7 +212,7 @@ TOKEN_KEYS = tuple(RELEASE_TOKENS)
 
 
 def release_config(cfg: ModelConfig, vlm_name_or_path: str, tokens: dict | None = None,
-                   action_stats: dict | None = None) -> dict:
+                   action_stats: dict | None = None, dtype: str = "float32") -> dict:
     """The flat config.json fields AlpamayoR1Config and ReasoningVLAConfig read, for a checkpoint
     we write. tokens: the trajectory-token settings (TOKEN_KEYS; default RELEASE_TOKENS, or the
     ones of the folder a model was loaded from); action_stats: {accel,curvature}_{mean,std}."""
@@ -226,6 +226,9 @@ def release_config(cfg: ModelConfig, vlm_name_or_path: str, tokens: dict | None 
         # the discrete future tokens: one per action value per waypoint (not the waypoint count)
         "tokens_per_future_traj": e.n_waypoints * e.action_dim,
         "expert_non_causal_attention": e.non_causal, "keep_same_dtype": True,
+        # the weights' dtype; sdpa (flash-attn is a CUDA build): with upstream's explicit 4D
+        # expert mask both give the same attention; pixels: the processor's defaults (null)
+        "model_dtype": dtype, "attn_implementation": "sdpa", "min_pixels": None, "max_pixels": None,
         "expert_cfg": {"hidden_size": e.hidden, "num_attention_heads": e.heads,
                        "num_key_value_heads": llm.kv_heads, "head_dim": llm.head_dim,
                        "intermediate_size": e.intermediate},
@@ -265,7 +268,9 @@ def save_alpamayo(path, target: Target, expert: ActionExpert, cfg: ModelConfig,
     (path / INDEX).write_text(json.dumps(index, indent=2))
     stats = {f"{n}_{s}": float(getattr(expert, f"action_{s}")[i]) for i, n in enumerate(SPACE)
              for s in ("mean", "std")}
-    (path / "config.json").write_text(json.dumps(release_config(cfg, vlm_name_or_path, tokens, stats), indent=2))
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    config = release_config(cfg, vlm_name_or_path, tokens, stats, dtype)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "vlm_config.json").write_text(json.dumps(hf_config(cfg.target), indent=2))
 
 
@@ -301,16 +306,6 @@ def _vlm_config(path: Path, alpamayo: dict, vlm_config) -> dict:
 
 
 def _read_shards(path: Path) -> dict[str, torch.Tensor]:
-    index = path / INDEX
-    if not index.is_file():
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no {INDEX} and no *.safetensors in {str(path)!r}")
-        return {k: v for f in files for k, v in load_file(str(f)).items()}
-    weight_map = json.loads(index.read_text())["weight_map"]
-    tensors = {}
-    for name in sorted(set(weight_map.values())):
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"{path / name}: listed in {INDEX} but missing")
-        tensors.update(load_file(str(path / name)))
-    return tensors   # a tensor the index lists but no shard holds is reported by check_names
+    """The weights transformers would read (models.hf.weight_files); a tensor the index lists
+    but no shard holds is reported by check_names."""
+    return {k: v for f in weight_files(path) for k, v in load_file(str(f)).items()}

@@ -1,6 +1,6 @@
 """Hugging Face Qwen3-VL / Qwen2.5-VL checkpoints (config.json + safetensors) <-> Target.
 
-    target, model_cfg = load_hf(dir)     any *.safetensors in dir, HF weight names
+    target, model_cfg = load_hf(dir)     model.safetensors, or the shards its index lists
     save_hf(target, dir)                 config.json + model.safetensors that transformers loads
     config_from_hf(config_dict) -> TargetConfig;  hf_config(target_cfg) -> config dict
 
@@ -45,6 +45,9 @@ def _llm_from_hf(tc: dict, style: str, tie: bool) -> LLMConfig:
     _require("text_config.attention_bias", tc.get("attention_bias", False), (False,))
     _require("text_config.use_sliding_window", tc.get("use_sliding_window", False), (False,))
     rp = _rope_params(tc)
+    if not rp.get("mrope_section"):
+        raise ValueError("HF config text_config has no mrope_section (in rope_parameters / rope_scaling); "
+                         "a Qwen-VL target needs one: 3 ints (t, h, w) summing to head_dim/2")
     heads = tc["num_attention_heads"]
     return LLMConfig(
         layers=tc["num_hidden_layers"], hidden=tc["hidden_size"], heads=heads,
@@ -67,8 +70,18 @@ def _vision_from_hf(vc: dict, style: str) -> VisionConfig:
         in_channels=vc.get("in_channels", 3), rope_theta=float(rp.get("rope_theta", 10000.0)),
         num_position_embeddings=vc.get("num_position_embeddings", 2304) if style == "qwen3" else 1,
         deepstack_layers=tuple(vc.get("deepstack_visual_indexes", ())) if style == "qwen3" else (),
-        window_size=vc.get("window_size", 0) if style == "qwen2.5" else 0,
-        fullatt_blocks=tuple(vc.get("fullatt_block_indexes", ())) if style == "qwen2.5" else ())
+        **_windows_from_hf(vc, style))
+
+
+def _windows_from_hf(vc: dict, style: str) -> dict:
+    """Qwen2.5 window attention; every block full-attention is the same model as no windows
+    (what hf_config writes for window_size 0), read back as window_size 0."""
+    if style != "qwen2.5":
+        return {"window_size": 0, "fullatt_blocks": ()}
+    full = tuple(vc.get("fullatt_block_indexes", ()))
+    if set(full) >= set(range(vc["depth"])):
+        return {"window_size": 0, "fullatt_blocks": ()}
+    return {"window_size": vc.get("window_size", 0), "fullatt_blocks": full}
 
 
 def config_from_hf(d: dict) -> TargetConfig:
@@ -119,7 +132,11 @@ def hf_config(cfg: TargetConfig) -> dict:
         vision.update(num_position_embeddings=v.num_position_embeddings,
                       deepstack_visual_indexes=list(v.deepstack_layers))
     else:
-        vision.update(window_size=v.window_size, fullatt_block_indexes=list(v.fullatt_blocks))
+        # transformers divides by window_size // merge // patch: window_size 0 (no windows) is
+        # written as the same model it can run, every block full-attention (windows unused)
+        windows = (v.window_size, list(v.fullatt_blocks)) if v.window_size else \
+            (v.patch * v.merge, list(range(v.depth)))
+        vision.update(window_size=windows[0], fullatt_block_indexes=windows[1])
         if llm.head_dim * llm.heads != llm.hidden:
             raise ValueError(f"Qwen2.5-VL needs head_dim*heads == hidden, got {llm.head_dim}*"
                              f"{llm.heads} != {llm.hidden}")
@@ -149,12 +166,30 @@ def _from_legacy(name: str) -> str:
     return name
 
 
+INDEX = "model.safetensors.index.json"
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The weight files transformers reads: model.safetensors, else the shards that
+    model.safetensors.index.json lists; other *.safetensors in the folder are not weights."""
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    if (path / INDEX).is_file():
+        index = json.loads((path / INDEX).read_text())
+        files = [path / name for name in sorted(set(index.get("weight_map", {}).values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{missing[0]}: listed in {INDEX} but missing")
+        return files
+    found = sorted(p.name for p in path.glob("*.safetensors"))
+    raise FileNotFoundError(f"no model.safetensors and no {INDEX} in {str(path)!r}"
+                            + (f" (found {found[:5]}: not read, transformers would not read them either)"
+                               if found else ""))
+
+
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {str(path)!r}")
     tensors = {}
-    for f in files:
+    for f in weight_files(path):
         tensors.update(load_file(str(f)))
     return {_from_legacy(k): v for k, v in tensors.items()}
 

@@ -323,8 +323,14 @@ def new_models(cfg: config_module.ModelConfig, seed: int) -> tuple[Target, Actio
 
 
 def load_models(ckpts: Mapping[str, Path], tok):
-    """{kind: folder} (target + expert [+ draft], or planner) -> (cfg, target, expert, draft or
-    None), every file checked against its meta.json and the tokenizer; eval mode."""
+    """{kind: folder} (target + expert [+ draft], planner, or "alpamayo": a release folder) ->
+    (cfg, target, expert, draft or None), every file checked against its meta.json (or the
+    release's config.json) and the tokenizer; eval mode."""
+    if "alpamayo" in ckpts:
+        from models.alpamayo import load_alpamayo   # it imports this module
+        target, expert, cfg = load_alpamayo(ckpts["alpamayo"])
+        check_tokenizer(cfg, tok, str(ckpts["alpamayo"]))
+        return cfg, target.eval(), expert.eval(), None
     main = Path(ckpts.get("planner") or ckpts["target"])
     _, cfg, meta = load(main, kind="planner" if "planner" in ckpts else "target")
     check_tokenizer(cfg, tok, str(main), meta)

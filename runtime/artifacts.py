@@ -4,7 +4,10 @@ A checkpoint folder (`--checkpoint DIR`) holds the tokenizer (tokenizer.json) an
 specdrive checkpoints, each a folder with a meta.json whose `kind` says what it is (target,
 draft, expert, or planner = all in one); DIR itself may be one. Folder names are never read
 for meaning. An engines folder (`--engines DIR`) has a meta.json with kind "engines" and the
-backend that runs it. Anything else is refused with a ConfigError saying what was found.
+backend that runs it. A released Alpamayo-R1 folder (config.json with model_type
+"alpamayo_r1", sharded safetensors, a Hugging Face tokenizer.json) runs as it is, with no
+meta.json: what it is comes from its own config.json. Anything else is refused with a
+ConfigError saying what was found.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
-from prompt.vocab import Tokenizer
+from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, load_backend
 
 CHECKPOINT_FORMAT = "specdrive-checkpoint"
@@ -27,6 +30,18 @@ def read_meta(folder: Path) -> dict:
     if not isinstance(meta, dict) or "kind" not in meta:
         raise ConfigError(f"{file}: no 'kind'; cannot tell what this artifact is")
     return meta
+
+
+RELEASE_MODEL_TYPE = "alpamayo_r1"
+
+
+def is_release(folder: Path) -> bool:
+    """An Alpamayo-R1 release folder: no meta.json, config.json says model_type alpamayo_r1."""
+    folder = Path(folder)
+    if (folder / "meta.json").is_file() or not (folder / "config.json").is_file():
+        return False
+    config = read_json(folder / "config.json", "model config")
+    return isinstance(config, dict) and config.get("model_type") == RELEASE_MODEL_TYPE
 
 
 DEFAULT_DRAFT = "flat"   # the draft variant a checkpoint folder runs with unless --draft says
@@ -75,13 +90,15 @@ def find_checkpoints(folder: Path, draft: str | None = None) -> dict[str, Path]:
     return models
 
 
-def load_tokenizer(folder: Path) -> Tokenizer:
-    """DIR/tokenizer.json, checked against the fingerprint every checkpoint of DIR recorded
-    (meta.json "tokenizer_sha256"): ids only mean words in the order a model was trained on."""
+def load_tokenizer(folder: Path):
+    """DIR/tokenizer.json (specdrive's word vocabulary, or a Hugging Face tokenizer with
+    Alpamayo-R1's tokens: prompt.tokenizer), checked against the fingerprint every checkpoint
+    of DIR recorded (meta.json "tokenizer_sha256"): ids only mean words in the order a model
+    was trained on."""
     file = Path(folder) / "tokenizer.json"
     if not file.is_file():
         raise ConfigError(f"{folder}: no tokenizer.json beside the checkpoints")
-    tok = Tokenizer.load(file)
+    tok = read_tokenizer(folder)
     for cand in [Path(folder), *sorted(p for p in Path(folder).iterdir() if p.is_dir())]:
         if not (cand / "meta.json").is_file():
             continue
@@ -129,6 +146,9 @@ def open_backend(src: ModelSource, max_len: int, default_tokenizer=None):
                           "(--checkpoint and --preset run the torch reference backend)")
     if src.checkpoint is not None:
         tok = load_tokenizer(src.checkpoint)
+        if is_release(src.checkpoint):    # no drafts inside: --draft self|none|DIR
+            return load_backend(name, checkpoints={"alpamayo": Path(src.checkpoint)}, tokenizer=tok,
+                                draft=src.draft, device=src.device, eager=src.eager, max_len=max_len), tok
         ckpts = find_checkpoints(src.checkpoint, src.draft)
         draft = None if "draft" in ckpts else src.draft    # a variant found here, or self/none/a path
         return load_backend(name, checkpoints=ckpts, tokenizer=tok, draft=draft,
