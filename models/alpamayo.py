@@ -36,7 +36,7 @@ from prompt.config import ConfigError, read_json
 from models.action_expert import DT, MAX_FREQ, ActionExpert, expert_llm, in_proj_shape
 from models.config import DraftConfig, ExpertConfig, ModelConfig
 from models.hf import PATCH_KEY, config_from_hf, hf_config, hf_shapes, to_hf_name, weight_files
-from models.io import check_names
+from models.names import check_names
 from models.target import Target
 
 UPSTREAM = ("NVlabs/alpamayo", "1cba38cabffb4b4416dbdd312c868e21ccd57394")

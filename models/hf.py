@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from models.config import (DraftConfig, ExpertConfig, LLMConfig, ModelConfig, TargetConfig,
                            VisionConfig)
-from models.io import check_names
+from models.names import check_names
 from models.target import Target
 
 STYLES = {"qwen3_vl": "qwen3", "qwen2_5_vl": "qwen2.5"}

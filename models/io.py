@@ -37,6 +37,7 @@ import torch
 import models.config as config_module  # config classes live there and only there
 from models.action_expert import ActionExpert
 from models.draft import Draft
+from models.names import CheckpointError, check_names  # noqa: F401  (re-exported: io.CheckpointError)
 from models.target import Target
 from prompt.config import ConfigError, from_dict, to_dict
 from prompt.vocab import Tokenizer
@@ -47,11 +48,6 @@ KINDS = ("target", "draft", "expert", "planner")
 META = "meta.json"
 _RESERVED = {"format", "format_version", "kind", "config", "config_class", "dtype", "modules",
              "versions", "created_by", "created_at"}
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be trusted; the message names the file, tensor and expectation.
-    A ConfigError: the command lines exit 2 with the message, no traceback."""
 
 
 def save(path, modules: Mapping, config, meta: Mapping) -> Path:
@@ -131,21 +127,6 @@ def check_state(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.
     extra = sorted(set(found) - set(expected))
     if extra:
         raise CheckpointError(f"{where}: unexpected tensor(s) {extra[:5]} (the module has no such names)")
-
-
-def check_names(expected: Mapping[str, tuple], got: Mapping[str, torch.Tensor], what: str,
-                ignore=()) -> None:
-    """Refuse tensors `got` of a foreign layout (HF, Alpamayo-R1) unless they hold exactly the
-    names of `expected` ({name: shape}) with those shapes; names in `ignore` may be extra."""
-    missing = [f"{k} (expected shape {tuple(expected[k])})" for k in expected if k not in got]
-    unexpected = sorted(set(got) - set(expected) - set(ignore))
-    shaped = [f"{k}: file {tuple(got[k].shape)}, expected {tuple(expected[k])}"
-              for k in expected if k in got and tuple(got[k].shape) != tuple(expected[k])]
-    problems = [f"{label} ({len(v)}): " + "; ".join(v[:8]) + (" ..." if len(v) > 8 else "")
-                for label, v in (("missing tensors", missing), ("unexpected tensors", unexpected),
-                                 ("mis-shaped tensors", shaped)) if v]
-    if problems:
-        raise CheckpointError(f"{what} does not match its config:\n  " + "\n  ".join(problems))
 
 
 def read_meta(path) -> dict:
