@@ -95,7 +95,7 @@ class Draft(nn.Module):
         start..start+T-1 written by index, attention over all max_len rows under a mask."""
         x = self.inputs(ids, features, image_embeds)
         rows, mask = (None, None) if cache is None else \
-            cache_rows(start, ids.shape[1], cache[0].shape[-2], ids.device)
+            cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask)
         return self.head(x), x

@@ -87,10 +87,11 @@ def cache_rows(start, T: int, max_len: int, device=None) -> tuple[torch.Tensor, 
     return rows, torch.arange(max_len, device=device)[None, :] <= rows[:, None]
 
 
-def write_kv(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """cache (2, B, KVH, max_len, D) <- k, v (B, KVH, T, D) at `rows` (T,); -> all K, all V."""
-    cache[0].index_copy_(2, rows, k.to(cache.dtype))
-    cache[1].index_copy_(2, rows, v.to(cache.dtype))
+def write_kv(cache, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """cache (2, B, KVH, max_len, D) (or a pair [K, V] of (B, KVH, max_len, D): the export's
+    per-layer copies) <- k, v (B, KVH, T, D) at `rows` (T,); -> all K, all V."""
+    cache[0].index_copy_(2, rows, k.to(cache[0].dtype))
+    cache[1].index_copy_(2, rows, v.to(cache[1].dtype))
     return cache[0], cache[1]
 
 

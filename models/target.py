@@ -60,7 +60,8 @@ class Target(nn.Module):
         """ids (B, T); cos/sin (B, T, head_dim) -> logits (B, T, V) and, for each index i in
         hidden_layers, the residual stream after layer i (B, T, D) (DeepStack included).
 
-        cache (layers, 2, B, KVH, max_len, D) or None (causal over the T rows): the K/V of the
+        cache (layers, 2, B, KVH, max_len, D), or a list of per-layer (2, B, KVH, max_len, D)
+        buffers, or None (causal over the T rows): the K/V of the
         T tokens are written at rows start .. start+T-1 and attention runs over all max_len
         rows under a mask (models.layers); `start` an int or a (1,) device tensor.
         image_embeds (N, D) fill the image tokens of `ids` in row-major (batch, then position)
@@ -79,7 +80,7 @@ class Target(nn.Module):
         if missing:
             raise ValueError(f"hidden_layers {missing} out of range; allowed 0..{len(self.layers) - 1}")
         rows, attn_mask = (None, None) if cache is None else \
-            cache_rows(start, ids.shape[1], cache[0].shape[-2], ids.device)
+            cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
         hiddens = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], rows, attn_mask)

@@ -122,6 +122,7 @@ class ModelSource:
     draft: str | None = None
     device: str = "cpu"
     eager: bool = False
+    threads: int = 0              # engine CPU threads (onnxruntime; torch's are set by the tools)
 
 
 def open_backend(src: ModelSource, max_len: int, default_tokenizer=None):
@@ -139,7 +140,7 @@ def open_backend(src: ModelSource, max_len: int, default_tokenizer=None):
             raise ConfigError(f"--backend {src.backend} but {src.engines} holds {name} engines")
         tok = load_tokenizer(src.engines)
         return load_backend(name, engines=src.engines, meta=meta, tokenizer=tok, device=src.device,
-                            max_len=max_len), tok
+                            max_len=max_len, threads=src.threads), tok
     name = src.backend or "torch"
     if name not in ("torch", "table"):
         raise ConfigError(f"--backend {name} runs built engines: give --engines DIR "

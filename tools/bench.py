@@ -105,7 +105,7 @@ def open_backends(args, max_len: int):
                               f"{meta.get('backend')!r}; expected kind 'engines' (and --backend to match)")
         tok = load_tokenizer(args.engines)
         be = load_backend(meta["backend"], engines=args.engines, meta=meta, tokenizer=tok,
-                          device=args.device, max_len=max_len)
+                          device=args.device, max_len=max_len, threads=args.threads)
         return tok, be, {str(meta.get("draft", "draft")): be}, f"engines {args.engines}"
     if name != "torch":
         raise ConfigError(f"--backend {name} runs built engines: give --engines DIR")

@@ -49,8 +49,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--split", default="test", help="split of the synthetic scenes or the dataset")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steady on a "
-                   "shared CPU, see tools/threads.py; 0 = torch's default)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads of torch or onnxruntime (default 1: "
+                   "steady on a shared CPU, see tools/threads.py; 0 = the library's default)")
     p.add_argument("--warmup", type=int, default=1, help="unlogged warm-up cycles on the first scene "
                    "(first-call costs are not what the budget plans for)")
     p.add_argument("--pictures", type=int, default=8, help="bird's-eye SVGs for the first N cycles")
@@ -94,7 +94,7 @@ def run(args) -> int:
         raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
     src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
                       random_init=args.random_init, backend=args.backend, draft=args.draft,
-                      device=args.device, eager=args.eager)
+                      device=args.device, eager=args.eager, threads=args.threads)
     backend, tok = open_backend(src, cfg.max_len, default_tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)

@@ -108,7 +108,7 @@ def profile_here(args) -> dict:
     cfg = load_planner_config(args.profile)
     src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
                       random_init=args.random_init, backend=args.backend, draft=args.draft,
-                      device=args.device, eager=args.eager)
+                      device=args.device, eager=args.eager, threads=args.threads)
     backend, tok = open_backend(src, cfg.max_len, default_tokenizer)
     planner = Planner(backend, tok, cfg)
     args.scenes, args.data, args.split = args.cycles, None, "test"

@@ -40,13 +40,14 @@ PROVIDERS = {"cpu": ["CPUExecutionProvider"],
 class OrtBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None):
+    def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None,
+                 threads: int = 0):
         self.folder, self.meta = Path(folder), meta
         check_meta(self.folder, meta)
         if max_len is not None and max_len != meta["max_len"]:
             raise ConfigError(f"{folder}: graphs were exported for max_len={meta['max_len']}, the "
                               f"planner asks for {max_len}; re-export or set max_len to match")
-        self.sessions = open_sessions(self.folder, meta, device)
+        self.sessions = open_sessions(self.folder, meta, device, threads)
         t, d = meta["target"], meta["draft_llm"]
         self.vocab_size, self.max_len = t["vocab_size"], meta["max_len"]
         self.fused = meta["draft_features"] == "fused"
@@ -230,8 +231,9 @@ def check_meta(folder: Path, meta: dict) -> None:
                               f"({g['sha256'][:12]}...): the graph was changed or damaged")
 
 
-def open_sessions(folder: Path, meta: dict, device: str) -> dict:
-    """An InferenceSession per graph, its inputs and outputs checked against meta.json."""
+def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> dict:
+    """An InferenceSession per graph (`threads` intra-op threads; 0: onnxruntime's default), its
+    inputs and outputs checked against meta.json."""
     kind = device.split(":")[0]
     if kind not in PROVIDERS:
         raise ConfigError(f"--device {device!r}: the onnxruntime backend runs on {sorted(PROVIDERS)}")
@@ -241,6 +243,7 @@ def open_sessions(folder: Path, meta: dict, device: str) -> dict:
                           f"{ort.get_available_providers()}; {PROVIDERS[kind][0]} is missing")
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.intra_op_num_threads = int(threads)
     sessions = {}
     for name, g in meta["graphs"].items():
         try:
@@ -263,7 +266,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def create(engines: Path, meta: dict, tokenizer, device: str = "cpu", max_len: int | None = None) -> OrtBackend:
+def create(engines: Path, meta: dict, tokenizer, device: str = "cpu", max_len: int | None = None,
+           threads: int = 0) -> OrtBackend:
     if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
         raise ConfigError(f"{engines}/tokenizer.json is not the tokenizer these graphs were exported with")
-    return OrtBackend(engines, meta, device, max_len)
+    return OrtBackend(engines, meta, device, max_len, threads)
