@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io as io_
 import json
 import logging
@@ -45,7 +44,7 @@ from torch import nn
 
 from models import io
 from models.draft import Draft
-from prompt.config import ConfigError, to_dict
+from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.pixels import images_to_patches
 
 OPSET = 18
@@ -278,7 +277,7 @@ def _export(module, args, names, dynamic, path: Path) -> dict:
         torch.onnx.export(module, args, str(path), dynamo=True, opset_version=OPSET,
                           input_names=inputs, output_names=outputs, dynamic_shapes=dyn,
                           external_data=False, verbose=False)
-    return {"file": path.name, "sha256": sha256(path), **graph_io(path)}
+    return {"file": path.name, "sha256": file_sha256(path), **graph_io(path)}
 
 
 @contextlib.contextmanager
@@ -305,14 +304,6 @@ def graph_io(path: Path) -> dict:
         shape = [d.dim_param or d.dim_value for d in t.shape.dim]
         return {"name": v.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(t.elem_type).name}
     return {"inputs": [spec(v) for v in g.input], "outputs": [spec(v) for v in g.output]}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _meta(checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, shapes, graphs, tok) -> dict:

@@ -151,6 +151,17 @@ def load_named(cls, name_or_path: str | Path, folder: Path, what: str, whats: st
     return load_yaml(cls, path)
 
 
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks (artifact hashes in meta.json)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def read_json(path: str | Path, what: str):
     """Parse a JSON file; a missing or malformed file is a ConfigError naming `what` and the path."""
     import json

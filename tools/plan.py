@@ -17,22 +17,18 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError
-from runtime.artifacts import ModelSource, open_backend
+from runtime.artifacts import open_backend
 from runtime.config import DECODING, TRAJECTORY_SOURCES, load_planner_config
 from runtime.planner import Planner
 from tools.report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
-from tools.sources import default_tokenizer, scene_source
+from tools.sources import add_source_args, default_tokenizer, model_source, scene_source
 from tools.threads import torch_threads
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("plan", help="run the planner on scenes (live table, JSON lines, pictures)",
                               description=__doc__.splitlines()[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="checkpoint folder (meta.json kind planner/target)")
-    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
-    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
-    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (with --preset)")
+    add_source_args(p)
     p.add_argument("--draft", default=None, help="draft checkpoint folder, 'self' (target drafts for "
                    "itself) or 'none' (plain decoding); default: the draft that comes with the models")
     p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm", "table"])
@@ -92,9 +88,7 @@ def run(args) -> int:
         raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder (it is created if missing)")
     if args.threads < 0:
         raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
-                      random_init=args.random_init, backend=args.backend, draft=args.draft,
-                      device=args.device, eager=args.eager, threads=args.threads)
+    src = model_source(args)
     backend, tok = open_backend(src, cfg.max_len, default_tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)

@@ -23,23 +23,19 @@ from pathlib import Path
 
 from prompt.config import ConfigError
 from runtime import trace
-from runtime.artifacts import ModelSource, open_backend
+from runtime.artifacts import open_backend
 from runtime.config import load_planner_config
 from runtime.planner import Planner
 from tools import profile_report, timeline
 from tools.report import JsonLog
-from tools.sources import default_tokenizer, scene_source
+from tools.sources import add_source_args, default_tokenizer, model_source, scene_source
 from tools.threads import torch_threads
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("profile", help="profile planner cycles (Nsight Systems, or ranges recorded here)",
                               description=__doc__.splitlines()[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="checkpoint folder (torch reference backend)")
-    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
-    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
-    p.add_argument("--random-init", type=int, metavar="SEED")
+    add_source_args(p)
     p.add_argument("--draft", default=None, help="draft variant, 'self' or 'none' (plain decoding)")
     p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm"])
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml")
@@ -106,9 +102,7 @@ def run(args) -> int:
 def profile_here(args) -> dict:
     """Warm-up, then args.cycles recorded cycles; writes the outputs and returns the stats."""
     cfg = load_planner_config(args.profile)
-    src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
-                      random_init=args.random_init, backend=args.backend, draft=args.draft,
-                      device=args.device, eager=args.eager, threads=args.threads)
+    src = model_source(args)
     backend, tok = open_backend(src, cfg.max_len, default_tokenizer)
     planner = Planner(backend, tok, cfg)
     args.scenes, args.data, args.split = args.cycles, None, "test"

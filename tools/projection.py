@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from models.config import LLMConfig, ModelConfig
-from models.sizes import decoder_layer_params, param_counts
+from models.sizes import param_counts
 from prompt.config import ConfigError, check_choice, check_range
 
 # precision -> (bytes per weight, which peak does the arithmetic). int4 is weight-only (AWQ):

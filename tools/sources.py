@@ -7,11 +7,13 @@ shipped runtime never imports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
+from runtime.artifacts import ModelSource
 from scenes import coc, dataset, world
 
 DEFAULT_SCENES = 8
@@ -24,6 +26,23 @@ class PlanScene:
     history: np.ndarray           # (16, 3)
     future: np.ndarray | None     # (64, 3) the expert's, for the pictures and the log
     family: str | None
+
+
+def add_source_args(p) -> None:
+    """--checkpoint | --engines | --preset (+ --random-init): what a command runs."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help="checkpoint folder (meta.json kind planner/target)")
+    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
+    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
+    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (with --preset)")
+
+
+def model_source(args) -> ModelSource:
+    """The ModelSource of the parsed --checkpoint/--engines/--preset, --draft, --backend,
+    --device, --eager and --threads arguments."""
+    return ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
+                       random_init=args.random_init, backend=args.backend, draft=args.draft,
+                       device=args.device, eager=args.eager, threads=args.threads)
 
 
 def default_tokenizer() -> Tokenizer:

@@ -20,13 +20,12 @@ reads back the arg-max integers only.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from prompt.config import ConfigError
+from prompt.config import ConfigError, file_sha256
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
 from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
@@ -225,7 +224,7 @@ def check_meta(folder: Path, meta: dict) -> None:
         file = folder / g["file"]
         if not file.is_file():
             raise ConfigError(f"{file}: missing (meta.json lists graph {name!r}); re-export the folder")
-        digest = _sha256(file)
+        digest = file_sha256(file)
         if digest != g["sha256"]:
             raise ConfigError(f"{file}: sha256 {digest[:12]}... does not match meta.json "
                               f"({g['sha256'][:12]}...): the graph was changed or damaged")
@@ -256,14 +255,6 @@ def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> di
             raise ConfigError(f"{folder / g['file']}: inputs/outputs {got} but meta.json says {want}")
         sessions[name] = sess
     return sessions
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def create(engines: Path, meta: dict, tokenizer, device: str = "cpu", max_len: int | None = None,
