@@ -174,6 +174,14 @@ def test_the_plan_command_runs_without_torch(engines, tmp_path):
     assert len(lines) == 2 and all(json.loads(x)["trajectory"] for x in lines)
 
 
+def test_a_command_that_needs_torch_says_so_without_it(tmp_path):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from tools.cli import main\n"
+            f"main(['export', 'onnx', '--checkpoint', {str(SHIPPED)!r}, '--out', {str(tmp_path / 'e')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "needs 'torch'" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 def copy_of(engines, tmp_path):
     dst = tmp_path / "e"
     shutil.copytree(engines, dst)

@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError) as e:
         # the message names the bad value and what is allowed
         parser.exit(2, f"specdrive {args.command}: error: {e}\n")
+    except ModuleNotFoundError as e:
+        if e.name not in OPTIONAL:
+            raise
+        parser.exit(2, f"specdrive {args.command}: error: this needs {e.name!r}, which is not installed "
+                       f"here; install it: pip install '.[{OPTIONAL[e.name]}]'\n")
 
 
 if __name__ == "__main__":
