@@ -24,6 +24,7 @@ help:
 	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~90 min on 2 CPU cores)"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
+	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
 	@echo "make engines-cpu  export the shipped checkpoint to ONNX (-> build/engines/tiny-ort) for --engines"
 	@echo "make profile  stage ranges of planner cycles (nsys on a GPU, else a Chrome trace) -> out/profile"
 
@@ -86,8 +87,12 @@ profile: $(STAMP)
 	@if [ -f out/profile/stats.json ]; then $(PY) -m tools.cli roofline --preset tiny --device cpu --memory \
 		--validate out/profile/stats.json --json out/profile/roofline_cpu.json; fi
 
-engines:
-	@echo "make $@: TensorRT engine builds (profiles orin-fp16, orin-int8, thor-fp8) are not built yet; the ONNX graphs for the onnxruntime backend are: make engines-cpu"; exit 2
+# Engines for an engine profile (configs/engines/PROFILE.yaml): export -> calibrate -> build, into
+# engines/build/PROFILE. Without TensorRT (as here) every step before the build runs, manifest.json
+# says built: false and how to install TensorRT on the device, and the command exits 3.
+PROFILE ?= orin-fp16
+engines: $(STAMP)
+	$(PY) -m tools.cli engines build --profile $(PROFILE) --checkpoint checkpoints/tiny --out engines/build/$(PROFILE)
 
 clean:
-	rm -rf out build dist *.egg-info .pytest_cache .import_linter_cache
+	rm -rf out build engines/build dist *.egg-info .pytest_cache .import_linter_cache

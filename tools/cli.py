@@ -28,6 +28,7 @@ def _subcommands():
         "roofline": "tools.roofline:add_parser",
         "timeline": "tools.timeline:add_parser",
         "export": "tools.export:add_parser",
+        "engines": "tools.engines:add_parser",
     }
 
 

@@ -1,0 +1,121 @@
+"""Engine profiles and `specdrive engines build` (issue 13): profiles are checked at configuration
+time (FP8 on Orin refused with the reason, unknown names list the known ones), and a build
+without TensorRT completes the steps before it, writes manifest.json (built: false) and exits 3.
+The export step is the real one in test_onnx.py; here it is a small stand-in so the build's own
+logic runs in a second."""
+import dataclasses
+import json
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from engines import build as eb
+from engines.profile import EngineProfile, GraphPrecision, known_profiles, load_profile
+from prompt.config import ConfigError, file_sha256
+from runtime.config import load_planner_config
+from tools import cli
+
+GRAPHS = ("vision", "prefill", "step", "draft_prefill", "draft_feed", "action_velocity", "action_output")
+
+
+def test_shipped_profiles_load():
+    assert known_profiles() == ["hopper-fp8", "orin-fp16", "orin-int8", "thor-fp8"]
+    for name in known_profiles():
+        p = load_profile(name)
+        assert p.name == name and p.shapes.verify_widths == (1, p.shapes.k_max + 1)
+        eb.check_planner(p, load_planner_config(p.planner))   # shapes agree with the planner profile
+    assert load_profile("orin-int8").quantized == ["prefill", "step"]
+    assert load_profile("orin-fp16").quantized == []
+    assert load_profile("thor-fp8").precision.graphs("fp8") == ["prefill", "step"]
+
+
+def test_fp8_on_orin_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match=r"(?s)fp8.*sm_87.*no FP8"):
+        load_profile("orin-fp8")
+    base = load_profile("orin-fp16")
+    with pytest.raises(ConfigError, match="no FP8"):
+        dataclasses.replace(base, precision=GraphPrecision(step="fp8"))
+    assert load_profile("thor-bf16").precision.step == "bf16"   # DEVICE-PRECISION derives from the device
+
+
+def test_unknown_profile_lists_the_known_ones():
+    with pytest.raises(ConfigError, match=r"'orin-fp4' not found; known engine profiles: \['hopper-fp8'"):
+        load_profile("orin-fp4")
+
+
+def test_profile_checks():
+    base = load_profile("orin-int8")
+    with pytest.raises(ConfigError, match="int4_awq needs TensorRT >= 10"):
+        dataclasses.replace(base, int4_awq=True)
+    assert dataclasses.replace(base, int4_awq=True, tensorrt_min="10.0").int4_awq
+    with pytest.raises(ConfigError, match="precision.step='int3'"):
+        GraphPrecision(step="int3")
+    with pytest.raises(ConfigError, match="fp8 .* needs TensorRT >= 9"):
+        dataclasses.replace(load_profile("hopper-fp8"), tensorrt_min="8.6")
+    with pytest.raises(ConfigError, match="not a version"):
+        dataclasses.replace(base, tensorrt_min="ten")
+    with pytest.raises(ConfigError, match=r"disagree: shapes.max_len=1024 vs 512"):
+        eb.check_planner(base, load_planner_config("cpu"))
+
+
+def fake_export(checkpoint, out, draft, cfg, progress=print):
+    """One small ONNX graph per name (ids (1, T) -> Identity) and a meta.json like the real one."""
+    graphs = {}
+    for name in GRAPHS:
+        x = helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])
+        y = helper.make_tensor_value_info("argmax", TensorProto.INT64, [1, "T"])
+        g = helper.make_graph([helper.make_node("Identity", ["ids"], ["argmax"])], name, [x], [y])
+        onnx.save(helper.make_model(g), out / f"{name}.onnx")
+        graphs[name] = {"file": f"{name}.onnx", "sha256": file_sha256(out / f"{name}.onnx"),
+                        "inputs": [{"name": "ids", "shape": [1, "T"], "dtype": "int64"}],
+                        "outputs": [{"name": "argmax", "shape": [1, "T"], "dtype": "int64"}]}
+    meta = {"kind": "engines", "backend": "onnxruntime", "max_len": cfg.max_len, "k_max": cfg.k_max,
+            "graphs": graphs}
+    (out / "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    monkeypatch.setattr(eb, "export_onnx", fake_export)
+    monkeypatch.setattr(eb, "find_tensorrt", lambda: (None, None))
+
+
+@pytest.mark.parametrize("name", ["orin-fp16", "orin-int8", "thor-fp8"])
+def test_build_without_tensorrt_writes_the_manifest_and_exits_3(tmp_path, no_tensorrt, capsys, name):
+    out = tmp_path / name
+    assert cli.main(["engines", "build", "--profile", name, "--out", str(out)]) == eb.MISSING_TENSORRT == 3
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln[:5] for ln in lines] == ["[1/3]", "[2/3]", "[3/3]"], lines
+    assert "TensorRT is not installed here" in lines[2] and f"PROFILE={name}" in lines[2]
+    m = eb.read_manifest(out)
+    prof = load_profile(name)
+    assert m["built"] is False and m["profile"] == name and m["target_sm"] == prof.target_sm
+    assert m["steps"]["export"] == "done" and m["steps"]["build"].startswith("needs TensorRT")
+    assert m["needs"]["step"] == "build" and ("JetPack" in m["needs"]["install"] or "pip" in m["needs"]["install"])
+    assert m["shapes"]["verify_widths"] == [1, 9] and m["precision"] == dict(prof.precision.items())
+    for g, entry in m["graphs"].items():
+        assert file_sha256(out / entry["file"]) == entry["sha256"], g
+    assert m["onnx_meta_sha256"] == file_sha256(out / "meta.json")
+    assert m["tools"]["onnx"] and m["tools"]["tensorrt"] is None
+    assert m["calibration"]["status"] == ("not needed" if name == "orin-fp16" else "not implemented")
+
+
+def test_refused_profiles_exit_2(tmp_path, no_tensorrt, capsys):
+    for name, says in (("orin-fp8", "no FP8"), ("nope", "known engine profiles")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["engines", "build", "--profile", name, "--out", str(tmp_path / name)])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+        assert not (tmp_path / name).exists()
+
+
+def test_tensorrt_optimization_profiles_and_trtexec_command():
+    """The shapes handed to TensorRT (the builder itself is untested here: no TensorRT)."""
+    p = load_profile("orin-int8")
+    step = eb.dim_ranges(p, "step")
+    assert [r["T"] for r in step] == [(1, 9, 9), (1, 448, 448)]
+    assert [r["T"] for r in eb.dim_ranges(p, "prefill")] == [(1, 448, 448)]
+    spec = {"inputs": [{"name": "ids", "shape": [1, "T"]}, {"name": "start", "shape": [1]}]}
+    cmd = eb._trtexec_command("trtexec", "step.onnx", "step.engine", spec, "int8", step[0])
+    assert cmd[3:] == ["--minShapes=ids:1x1", "--optShapes=ids:1x9", "--maxShapes=ids:1x9", "--stronglyTyped"]
