@@ -27,6 +27,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from prompt.config import ConfigError, read_json
 from prompt.layout import Conditioning
 from prompt.trajectory import HIST_POSES, delta_history_bins
+from prompt.vocab import VocabMasks
 
 # attribute -> token, the ids the prompt contract reads (tok.cot_end, ...)
 TOKENS = {name: f"<|{name}|>" for name in (
@@ -36,7 +37,7 @@ PAD = "<|endoftext|>"          # Qwen's pad token
 DELTA = "DeltaTrajectoryTokenizer"
 
 
-class AlpamayoTokenizer:
+class AlpamayoTokenizer(VocabMasks):
     """The prompt contract over a HF tokenizer: special-token ids as attributes, trajectory id
     ranges, masks, history tokens, `layout = "alpamayo"` and upstream's conditioning."""
     layout = "alpamayo"
@@ -127,15 +128,6 @@ class AlpamayoTokenizer:
         traj = inside(self.traj_ids)
         return {"history": inside(self.hist_ids), "future": inside(self.fut_ids), "trajectory": traj,
                 "text": ~traj}
-
-    def traj_mask(self) -> np.ndarray:
-        return self.masks()["trajectory"]
-
-    def future_mask(self) -> np.ndarray:
-        return self.masks()["future"]
-
-    def text_mask(self) -> np.ndarray:
-        return self.masks()["text"]
 
     @property
     def fingerprint(self) -> str:

@@ -36,7 +36,21 @@ def _attr(token: str) -> str:
     return token.strip("<|>")
 
 
-class Tokenizer:
+class VocabMasks:
+    """The mask accessors every tokenizer shares; a subclass defines masks() -> {history,
+    future, trajectory, text}: bool (V,)."""
+
+    def traj_mask(self) -> np.ndarray:
+        return self.masks()["trajectory"]
+
+    def future_mask(self) -> np.ndarray:
+        return self.masks()["future"]
+
+    def text_mask(self) -> np.ndarray:
+        return self.masks()["text"]
+
+
+class Tokenizer(VocabMasks):
     """Word-level tokenizer over a closed vocabulary; `tok.cot_end` etc. are special-token ids.
 
     Its layout is specdrive's (prompt/layout.py); `conditioning` (how the action expert reads the
@@ -106,15 +120,6 @@ class Tokenizer:
         hist = (v >= self.hist_ids.start) & (v < self.hist_ids.stop)
         fut = (v >= self.fut_x_ids.start) & (v < self.fut_y_ids.stop)
         return {"history": hist, "future": fut, "trajectory": hist | fut, "text": ~(hist | fut)}
-
-    def traj_mask(self) -> np.ndarray:
-        return self.masks()["trajectory"]
-
-    def future_mask(self) -> np.ndarray:
-        return self.masks()["future"]
-
-    def text_mask(self) -> np.ndarray:
-        return self.masks()["text"]
 
     def to_json(self) -> dict:
         data = {"format": FORMAT, "special": list(SPECIAL), "hist_bins": HIST_BINS,
