@@ -1,0 +1,145 @@
+"""The calibration set: the inputs every ONNX graph really sees, recorded while the fp32 graphs run
+the planner loop (speculative decoding, verify widths 1..k+1, the action expert) on train scenes.
+
+    calib = record(folder, meta, tokenizer, planner_cfg, scenes)    # folder: `specdrive export onnx`
+    calib.save(folder / "calibration")                             # GRAPH.safetensors + index.json
+    calib.sha256                                                   # goes into every quantized meta
+
+One sample of a graph is a dict keyed by that graph's ONNX input names. The KV-reading graphs
+(step, draft_feed, draft_chain) take the whole cache; a sample keeps its rows [0, start + n) and
+`samples(graph)` pads them back with zeros (rows past start + n are masked out by the graph, so
+their values change nothing). Per scene each graph keeps at most `per_scene` calls, spread
+evenly over the cycle, so prefill rows, verify widths and the Euler steps all appear. Scenes run
+with the profile's k and, every other one, with k = k_max so the widest verify (k_max + 1 rows) is
+in the set; the budget is off so every cycle decodes to its end.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+from tqdm import tqdm
+
+from prompt.config import ConfigError, file_sha256
+
+CACHE_INPUTS = {"cache"}          # inputs that are the full KV cache (trimmed when recorded)
+INDEX = "index.json"
+FORMAT = "specdrive-calibration"
+
+
+@dataclass
+class CalibrationSet:
+    graphs: dict = field(default_factory=dict)      # graph -> [ {input name: array} ]
+    scenes: list = field(default_factory=list)      # scene names, in order
+    max_len: int = 0
+    sha256: str = ""
+
+    def samples(self, graph: str) -> list[dict]:
+        """The graph's samples as its inputs: cache inputs padded back to max_len rows."""
+        out = []
+        for s in self.graphs.get(graph, []):
+            full = {}
+            for name, a in s.items():
+                if name in CACHE_INPUTS and a.shape[-2] < self.max_len:
+                    pad = np.zeros((*a.shape[:-2], self.max_len - a.shape[-2], a.shape[-1]), a.dtype)
+                    a = np.concatenate([a, pad], -2)
+                full[name] = a
+            out.append(full)
+        return out
+
+    def save(self, folder: Path) -> dict:
+        """GRAPH.safetensors (keys NNNN.input) + index.json; sets and returns the index."""
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for graph, samples in sorted(self.graphs.items()):
+            tensors = {f"{i:04d}.{name}": np.ascontiguousarray(a) for i, s in enumerate(samples)
+                       for name, a in s.items()}
+            save_file(tensors, str(folder / f"{graph}.safetensors"))
+            files[graph] = {"file": f"{graph}.safetensors", "samples": len(samples),
+                            "sha256": file_sha256(folder / f"{graph}.safetensors")}
+        self.sha256 = digest(files)
+        index = {"format": FORMAT, "format_version": 1, "scenes": self.scenes, "max_len": self.max_len,
+                 "graphs": files, "sha256": self.sha256}
+        (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        return index
+
+
+def digest(files: dict) -> str:
+    """The set's hash: over every graph file's hash, in graph order."""
+    return hashlib.sha256(json.dumps({g: f["sha256"] for g, f in sorted(files.items())}).encode()).hexdigest()
+
+
+def load(folder: Path) -> CalibrationSet:
+    """A saved set, each file checked against index.json."""
+    folder = Path(folder)
+    if not (folder / INDEX).is_file():
+        raise ConfigError(f"{folder}: no {INDEX}; not a calibration set (run `specdrive calibrate record`)")
+    index = json.loads((folder / INDEX).read_text())
+    if index.get("format") != FORMAT:
+        raise ConfigError(f"{folder / INDEX}: format {index.get('format')!r}, expected {FORMAT!r}")
+    graphs = {}
+    for graph, f in index["graphs"].items():
+        path = folder / f["file"]
+        if not path.is_file() or file_sha256(path) != f["sha256"]:
+            raise ConfigError(f"{path}: missing or changed since it was recorded (sha256 in {INDEX}); "
+                              "record the calibration set again")
+        flat = load_file(str(path))
+        samples = [{} for _ in range(f["samples"])]
+        for key, a in flat.items():
+            i, name = key.split(".", 1)
+            samples[int(i)][name] = a
+        graphs[graph] = samples
+    if digest(index["graphs"]) != index["sha256"]:
+        raise ConfigError(f"{folder / INDEX}: its sha256 does not match its files")
+    return CalibrationSet(graphs, index["scenes"], index["max_len"], index["sha256"])
+
+
+def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: int = 4,
+           threads: int = 1, progress: bool = True) -> CalibrationSet:
+    """Run the fp32 graphs of `folder` through the planner on `scenes`; keep what each graph saw."""
+    from runtime.backends.onnxruntime import OrtBackend
+    from runtime.planner import Planner
+
+    if per_scene < 1:
+        raise ConfigError(f"per_scene={per_scene}: at least one call per graph and scene")
+
+    class Recorder(OrtBackend):
+        """The ONNX Runtime backend, keeping a copy of every graph call's inputs."""
+        calls: dict = {}
+
+        def _run(self, graph, **inputs):
+            kept = {}
+            for name, value in inputs.items():
+                a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+                if name in CACHE_INPUTS:       # rows this call attends to: [0, start + n)
+                    a = a[..., :int(inputs["start"][0]) + inputs["ids"].shape[1], :]
+                kept[name] = np.array(a)
+            self.calls.setdefault(graph, []).append(kept)
+            return super()._run(graph, **inputs)
+
+    from calibration.report import offline_config
+
+    backend = Recorder(folder, meta, "cpu", planner_cfg.max_len, threads)
+    planners = [Planner(backend, tokenizer, offline_config(planner_cfg)),
+                Planner(backend, tokenizer, offline_config(planner_cfg, planner_cfg.spec.k_max))]
+    out = CalibrationSet(max_len=backend.max_len)
+    try:
+        for i, scene in enumerate(tqdm(scenes, desc="calibration: recording graph inputs", disable=not progress)):
+            backend.calls = {}
+            planners[i % 2].plan(scene.images, scene.history, scene=scene.name)
+            for graph, calls in backend.calls.items():
+                pick = np.unique(np.linspace(0, len(calls) - 1, min(per_scene, len(calls))).round().astype(int))
+                out.graphs.setdefault(graph, []).extend(calls[i] for i in pick)
+            out.scenes.append(scene.name)
+    finally:
+        for p in planners:
+            p.close()
+    missing = sorted(set(meta["graphs"]) - set(out.graphs))
+    if missing:
+        raise ConfigError(f"calibration: the planner never called {missing} on {len(scenes)} scenes; "
+                          "use more scenes or a planner profile that reaches them")
+    return out

@@ -1,0 +1,103 @@
+"""Quantized graphs beside the fp32 ones in an export folder, and meta.json variants that pick them.
+
+    FOLDER/GRAPH.onnx                       fp32, from `specdrive export onnx`
+    FOLDER/calibration/                     the calibration set (calibration/record.py)
+    FOLDER/quant/PRECISION/GRAPH.onnx       quantized from GRAPH.onnx with that set
+    FOLDER/quant/index.json                 what each quantized file is: source hash, set hash, method
+
+meta.json's "graphs" is what the ONNX Runtime backend runs; `select(meta, {graph: precision})`
+returns a meta whose graphs are the chosen files (the fp32 ones elsewhere), each entry saying its
+precision and, when quantized, the calibration set's hash. The fp32 entries are kept in
+meta["fp32_graphs"] so a folder whose meta.json was switched to INT8 still knows its reference.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+from calibration.quantize import PRECISIONS, quantize_graph, quantized_types
+from prompt.config import ConfigError, file_sha256
+
+TARGET = ("prefill", "step")
+DRAFT = ("draft_prefill", "draft_feed", "draft_chain")
+GROUPS = {"target": TARGET, "draft": DRAFT, "vision": ("vision",), "action": ("action_velocity",),
+          "prefill": ("prefill",), "step": ("step",)}
+# action_output (the last Euler step's integration and the combine of the draws) is a handful of
+# adds: never quantized
+QUANTIZABLE = (*TARGET, *DRAFT, "vision", "action_velocity")
+INDEX = "index.json"
+
+
+def fp32_graphs(meta: dict) -> dict:
+    return meta.get("fp32_graphs") or meta["graphs"]
+
+
+def graphs_of(meta: dict, groups) -> list[str]:
+    """Graph names of the groups (GROUPS keys or graph names) that this export has."""
+    have = fp32_graphs(meta)
+    out = []
+    for g in groups:
+        if g not in GROUPS and g not in QUANTIZABLE:
+            raise ConfigError(f"graph group {g!r}: one of {sorted(GROUPS)} or a graph of {list(QUANTIZABLE)}")
+        out += [n for n in GROUPS.get(g, (g,)) if n in have and n not in out]
+    return out
+
+
+def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method: str | None = None,
+                    progress=print) -> dict:
+    """Quantized files for {graph: precision} (reused when source, set and method are unchanged);
+    -> {graph: meta entry of the quantized file}."""
+    folder = Path(folder)
+    index_file = folder / "quant" / INDEX
+    index = json.loads(index_file.read_text()) if index_file.is_file() else {}
+    src_graphs = fp32_graphs(meta)
+    out = {}
+    for graph, precision in plan.items():
+        if precision == "fp32":
+            continue
+        if precision not in PRECISIONS:
+            raise ConfigError(f"precision {precision!r} for {graph}: one of fp32, {', '.join(PRECISIONS)}")
+        if graph not in QUANTIZABLE or graph not in src_graphs:
+            raise ConfigError(f"graph {graph!r} cannot be quantized here: one of "
+                              f"{[g for g in QUANTIZABLE if g in src_graphs]}")
+        src = src_graphs[graph]
+        rel = f"quant/{precision}/{graph}.onnx"
+        key = f"{precision}/{graph}"
+        want = {"source_sha256": src["sha256"], "calibration_sha256": calib.sha256, "method": method}
+        dst = folder / rel
+        done = index.get(key)
+        if done and all(done.get(k) == v for k, v in want.items()) and dst.is_file() \
+                and file_sha256(dst) == done["sha256"]:
+            info = done
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            info = quantize_graph(folder / src["file"], dst, calib.samples(graph), precision, method)
+            import onnx
+            info.update(want, sha256=file_sha256(dst), holds=quantized_types(onnx.load(str(dst))),
+                        seconds=round(time.perf_counter() - t0, 1))
+            index[key] = info
+            index_file.parent.mkdir(parents=True, exist_ok=True)
+            index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+            progress(f"  quantized {graph} -> {precision} ({info['method']}, {info['samples']} samples, "
+                     f"{info['dequantize_nodes']} DequantizeLinear) in {info['seconds']} s")
+        out[graph] = {**src, "file": rel, "sha256": info["sha256"], "precision": precision,
+                      "quantization": {k: info[k] for k in ("method", "samples", "calibration_sha256",
+                                                            "source_sha256", "holds") if k in info}}
+    return out
+
+
+def select(meta: dict, entries: dict) -> dict:
+    """A copy of meta whose graphs are `entries` where given, fp32 elsewhere."""
+    m = copy.deepcopy(meta)
+    base = copy.deepcopy(fp32_graphs(meta))
+    for e in base.values():
+        e.setdefault("precision", "fp32")
+    m["fp32_graphs"] = copy.deepcopy(base)
+    m["graphs"] = {g: copy.deepcopy(entries.get(g, e)) for g, e in base.items()}
+    m["precision"] = {g: e["precision"] for g, e in m["graphs"].items()}
+    sets = {e["quantization"]["calibration_sha256"] for e in m["graphs"].values() if "quantization" in e}
+    m["calibration_sha256"] = sets.pop() if len(sets) == 1 else sorted(sets) or None
+    return m
