@@ -11,7 +11,7 @@ VENV       ?= .venv
 VENV_FLAGS ?=
 TORCH      ?= torch==2.13.0
 ORT        ?= ort-cpu
-EXTRAS     ?= torch,$(ORT),plots,dev
+EXTRAS     ?= torch,$(ORT),plots,quant,dev
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
 

@@ -8,8 +8,9 @@ the planner loop (speculative decoding, verify widths 1..k+1, the action expert)
 One sample of a graph is a dict keyed by that graph's ONNX input names. The KV-reading graphs
 (step, draft_feed, draft_chain) take the whole cache; a sample keeps its rows [0, start + n) and
 `samples(graph)` pads them back with zeros (rows past start + n are masked out by the graph, so
-their values change nothing). Per scene each graph keeps at most `per_scene` calls, spread
-evenly over the cycle, so prefill rows, verify widths and the Euler steps all appear. Scenes run
+their values change nothing). Per scene each graph keeps `per_scene` of its calls (default 1,
+drawn at random from the cycle's calls, seeded), so over a few hundred scenes every decode
+position, verify width and Euler step appears while the set stays a few hundred MB. Scenes run
 with the profile's k and, every other one, with k = k_max so the widest verify (k_max + 1 rows) is
 in the set; the budget is off so every cycle decodes to its end.
 """
@@ -98,8 +99,8 @@ def load(folder: Path) -> CalibrationSet:
     return CalibrationSet(graphs, index["scenes"], index["max_len"], index["sha256"])
 
 
-def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: int = 4,
-           threads: int = 1, progress: bool = True) -> CalibrationSet:
+def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: int = 1,
+           threads: int = 1, seed: int = 0, progress: bool = True) -> CalibrationSet:
     """Run the fp32 graphs of `folder` through the planner on `scenes`; keep what each graph saw."""
     from runtime.backends.onnxruntime import OrtBackend
     from runtime.planner import Planner
@@ -131,9 +132,10 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
         for i, scene in enumerate(tqdm(scenes, desc="calibration: recording graph inputs", disable=not progress)):
             backend.calls = {}
             planners[i % 2].plan(scene.images, scene.history, scene=scene.name)
+            rng = np.random.default_rng([seed, i])
             for graph, calls in backend.calls.items():
-                pick = np.unique(np.linspace(0, len(calls) - 1, min(per_scene, len(calls))).round().astype(int))
-                out.graphs.setdefault(graph, []).extend(calls[i] for i in pick)
+                pick = np.sort(rng.choice(len(calls), min(per_scene, len(calls)), replace=False))
+                out.graphs.setdefault(graph, []).extend(calls[j] for j in pick)
             out.scenes.append(scene.name)
     finally:
         for p in planners:

@@ -82,7 +82,7 @@ def run_variant(folder: Path, meta: dict, tokenizer, cfg, scenes, threads: int =
     """One planner cycle per scene on the graphs `meta` names -> per-scene records."""
     from runtime.backends.onnxruntime import OrtBackend
     from runtime.planner import Planner
-    from train.metrics import ade, commitment_correct
+    from scenes.grade import ade, commitment_correct
 
     backend = OrtBackend(folder, meta, "cpu", cfg.max_len, threads)
     planner = Planner(backend, tokenizer, cfg)
@@ -125,7 +125,7 @@ def judge(s: dict, fp32: dict) -> dict:
 
 
 def accuracy_report(folder: Path, meta: dict, tokenizer, cfg, calib, precisions, scenes: int = 16,
-                    seed: int = 0, blame: bool = True, method: str | None = None, threads: int = 1,
+                    seed: int = 0, blame: bool = True, method=None, threads: int = 1,
                     progress=print) -> dict:
     """Quantize what the variants need (reusing files already made), run them, -> the report."""
     if scenes < 1:
@@ -138,9 +138,8 @@ def accuracy_report(folder: Path, meta: dict, tokenizer, cfg, calib, precisions,
             need.setdefault((g, v.precision), True)
     progress(f"calibrate report: {len(todo)} variants x {scenes} {SPLIT} scenes; "
              f"quantizing {len(need)} graph/precision pairs first")
-    entries = {}
-    for p in dict.fromkeys(p for _, p in need):
-        entries[p] = quantize_folder(folder, meta, calib, {g: q for g, q in need if q == p}, method, progress)
+    entries = {p: quantize_folder(folder, meta, calib, {g: q for g, q in need if q == p}, method, progress)
+               for p in dict.fromkeys(p for _, p in need)}
     held = heldout_scenes(scenes, seed)
     results, ref, t0 = {}, None, time.perf_counter()
     for v in tqdm(todo, desc="calibrate report: variants"):

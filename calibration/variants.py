@@ -45,10 +45,10 @@ def graphs_of(meta: dict, groups) -> list[str]:
     return out
 
 
-def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method: str | None = None,
-                    progress=print) -> dict:
+def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, progress=print) -> dict:
     """Quantized files for {graph: precision} (reused when source, set and method are unchanged);
-    -> {graph: meta entry of the quantized file}."""
+    -> {graph: meta entry of the quantized file}. `method`: a calibration method, None (each
+    precision's default) or a function precision -> method."""
     folder = Path(folder)
     index_file = folder / "quant" / INDEX
     index = json.loads(index_file.read_text()) if index_file.is_file() else {}
@@ -63,9 +63,10 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method: str | N
             raise ConfigError(f"graph {graph!r} cannot be quantized here: one of "
                               f"{[g for g in QUANTIZABLE if g in src_graphs]}")
         src = src_graphs[graph]
+        how = method(precision) if callable(method) else method
         rel = f"quant/{precision}/{graph}.onnx"
         key = f"{precision}/{graph}"
-        want = {"source_sha256": src["sha256"], "calibration_sha256": calib.sha256, "method": method}
+        want = {"source_sha256": src["sha256"], "calibration_sha256": calib.sha256, "asked": how}
         dst = folder / rel
         done = index.get(key)
         if done and all(done.get(k) == v for k, v in want.items()) and dst.is_file() \
@@ -74,7 +75,7 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method: str | N
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            info = quantize_graph(folder / src["file"], dst, calib.samples(graph), precision, method)
+            info = quantize_graph(folder / src["file"], dst, calib.samples(graph), precision, how)
             import onnx
             info.update(want, sha256=file_sha256(dst), holds=quantized_types(onnx.load(str(dst))),
                         seconds=round(time.perf_counter() - t0, 1))

@@ -41,7 +41,7 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     t0 = time.perf_counter()
     meta = export_onnx(checkpoint, out, None, export_config(profile, planner), progress=lambda *_: None)
     progress(f"[1/3] export: {len(meta['graphs'])} ONNX graphs -> {out} ({time.perf_counter() - t0:.0f} s)")
-    calibrated = calibrate(profile, out, meta, progress)
+    calibrated = calibrate(profile, out, meta, planner, progress)
     trt, trtexec = find_tensorrt()
     steps = {"export": "done", "calibrate": calibrated["status"]}
     if trt is None and trtexec is None:
@@ -77,14 +77,40 @@ def check_planner(profile: EngineProfile, planner) -> None:
                           + "; ".join(f"shapes.{k}={a} vs {b}" for k, (a, b) in bad.items()))
 
 
-def calibrate(profile: EngineProfile, out: Path, meta: dict, progress) -> dict:
-    """Q/DQ graphs for the profile's int8/fp8 graphs. Not implemented yet: says so, changes nothing."""
-    if not profile.quantized:
-        progress("[2/3] calibrate: nothing to calibrate (no int8/fp8 graphs in this profile)")
+def calibrate(profile: EngineProfile, out: Path, meta: dict, planner, progress) -> dict:
+    """The profile's int8 / fp8 / int4 graphs from a calibration set of train scenes, the accuracy
+    report against fp32 (out/report/), and out/meta.json switched to the quantized graphs (the fp32
+    ones stay, listed in its "fp32_graphs")."""
+    plan = quantization_plan(profile)
+    if not plan:
+        progress("[2/3] calibrate: nothing to calibrate (no int8/fp8/int4 graphs in this profile)")
         return {"status": "not needed", "graphs": {}}
-    progress(f"[2/3] calibrate: Q/DQ calibration of {profile.quantized} is not implemented yet (issue 13); "
-             "the manifest lists them as uncalibrated")
-    return {"status": "not implemented", "graphs": {}, "uncalibrated": profile.quantized}
+    from calibration.pipeline import calibrate_folder
+
+    c = profile.calibration
+    t0 = time.perf_counter()
+    done = calibrate_folder(out, meta, plan, planner, prompts=c.prompts, seed=c.seed, method=c.method_for,
+                            report_scenes=c.report_scenes, progress=lambda m: progress(f"      {m}"))
+    progress(f"[2/3] calibrate: {', '.join(f'{g} {p}' for g, p in plan.items())} from "
+             f"{c.prompts} train scenes (set {done['calibration_sha256'][:12]}); accuracy report "
+             f"{out / 'report' / 'report.md'} ({time.perf_counter() - t0:.0f} s)")
+    for line in done["verdicts"]:
+        progress(f"      {line}")
+    return {"status": "done", **done}
+
+
+def quantization_plan(profile: EngineProfile) -> dict:
+    """{graph: calibration precision}: int8 (int8_sq with calibration.smoothquant), fp8, and the
+    target's graphs as int4_awq (weight-only) where the profile asks for INT4-AWQ weights."""
+    plan = {}
+    for g, p in profile.precision.items():
+        if p == "int8":
+            plan[g] = "int8_sq" if profile.calibration.smoothquant else "int8"
+        elif p == "fp8":
+            plan[g] = "fp8"
+    if profile.int4_awq:
+        plan.update({g: "int4_awq" for g in ("prefill", "step")})
+    return plan
 
 
 def find_tensorrt():

@@ -79,15 +79,24 @@ class Shapes:
 
 @dataclass
 class CalibrationConfig:
-    """The calibration set: `prompts` train-split scenes (never test / held-out / unseen)."""
-    prompts: int = 32
+    """The calibration set: `prompts` train-split scenes (never test / held-out / unseen); the
+    activation-range method of the int8 graphs (fp8 uses max, INT4 AWQ its clip search);
+    SmoothQuant before INT8; the accuracy report's number of held-out scenes."""
+    prompts: int = 256
     method: str = "max"
     seed: int = 0
+    smoothquant: bool = False
+    report_scenes: int = 16
 
     def __post_init__(self):
         check_types(self)
         check_range("calibration.prompts", self.prompts, lo=1, hi=100_000)
         check_choice("calibration.method", self.method, CALIBRATION_METHODS)
+        check_range("calibration.report_scenes", self.report_scenes, lo=1, hi=100_000)
+
+    def method_for(self, precision: str) -> str | None:
+        """The calibration method of one precision (None: that precision's default)."""
+        return self.method if precision in ("int8", "int8_sq") else None
 
 
 @dataclass

@@ -46,7 +46,7 @@ def test_extras_never_install_both_onnxruntimes():
         gpu = any(r.startswith("onnxruntime-gpu") for r in reqs)
         assert not (cpu and gpu), f"extra {name!r} lists both onnxruntime and onnxruntime-gpu"
     make = (ROOT / "Makefile").read_text()
-    assert "EXTRAS     ?= torch,$(ORT),plots,dev" in make, "the Makefile must install exactly one ORT extra"
+    assert "EXTRAS     ?= torch,$(ORT),plots,quant,dev" in make, "the Makefile must install exactly one ORT extra"
     installed = {d.metadata["Name"].lower() for d in md.distributions() if d.metadata["Name"]}
     assert not {"onnxruntime", "onnxruntime-gpu"} <= installed, "both onnxruntime and onnxruntime-gpu are installed"
 

@@ -29,6 +29,7 @@ def _subcommands():
         "timeline": "tools.timeline:add_parser",
         "export": "tools.export:add_parser",
         "engines": "tools.engines:add_parser",
+        "calibrate": "tools.calibrate:add_parser",
     }
 
 
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # packages the vehicle-side install (`pip install .[ort-cpu]`) leaves out -> the extra that brings each
-OPTIONAL = {"torch": "torch"}
+OPTIONAL = {"torch": "torch", "modelopt": "quant"}
 
 
 def _needs(sub, name: str, package: str) -> None:
