@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from engines.profile import EngineProfile
+from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
 from prompt.config import ConfigError, file_sha256, read_json, to_dict
 
@@ -44,17 +45,20 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     calibrated = calibrate(profile, out, meta, planner, progress)
     trt, trtexec = find_tensorrt()
     steps = {"export": "done", "calibrate": calibrated["status"]}
+    trtllm = write_trtllm(profile, checkpoint, out / "trtllm", planner, progress) if profile.trtllm.enabled else None
+    if trtllm:
+        steps["trtllm"] = trtllm["status"]
     if trt is None and trtexec is None:
         steps["build"] = "needs TensorRT (not found here)"
         install = INSTALL_TENSORRT[device_family(profile)]
         progress(f"[3/3] build: TensorRT is not installed here (neither the `tensorrt` Python package "
                  f"nor trtexec); engines are built on the device. Install it there: {install}; then "
                  f"rerun `make engines PROFILE={profile.name}`. Manifest: {out / 'manifest.json'}")
-        write_manifest(profile, checkpoint, out, meta, steps, calibrated, built=False, install=install)
+        write_manifest(profile, checkpoint, out, meta, steps, calibrated, built=False, install=install, trtllm=trtllm)
         return MISSING_TENSORRT
     engines = build_engines(profile, out, meta, trt, trtexec, progress)  # untested here: no TensorRT
     steps["build"] = "done"
-    write_manifest(profile, checkpoint, out, meta, steps, calibrated, built=True, engines=engines)
+    write_manifest(profile, checkpoint, out, meta, steps, calibrated, built=True, engines=engines, trtllm=trtllm)
     return BUILT
 
 
@@ -128,7 +132,7 @@ def device_family(profile: EngineProfile) -> str:
 
 
 def write_manifest(profile, checkpoint, out: Path, meta: dict, steps: dict, calibrated: dict, built: bool,
-                   install: str = "", engines: dict | None = None) -> dict:
+                   install: str = "", engines: dict | None = None, trtllm: dict | None = None) -> dict:
     s = profile.shapes
     manifest = {
         "format": MANIFEST, "format_version": 1, "profile": profile.name, "built": built, "steps": steps,
@@ -147,6 +151,8 @@ def write_manifest(profile, checkpoint, out: Path, meta: dict, steps: dict, cali
                              "install": install}
     if engines:
         manifest["engines"] = engines
+    if trtllm:
+        manifest["trtllm"] = trtllm
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 

@@ -100,6 +100,19 @@ class CalibrationConfig:
 
 
 @dataclass
+class TrtllmConfig:
+    """TensorRT-LLM checkpoints of the target and the standalone draft beside the engines
+    (engines/trtllm.py). FP8 follows the precision of the step (target) and draft_chain (draft)
+    graphs; `dtype` is that of everything not in FP8."""
+    enabled: bool = False
+    dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        check_types(self)
+        check_choice("trtllm.dtype", self.dtype, ("float32", "float16", "bfloat16"))
+
+
+@dataclass
 class EngineProfile:
     device: str
     target_sm: int
@@ -111,6 +124,7 @@ class EngineProfile:
     shapes: Shapes = field(default_factory=Shapes)
     int4_awq: bool = False          # INT4 weight-only (AWQ) for the target LLM's weights
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    trtllm: TrtllmConfig = field(default_factory=TrtllmConfig)
     name: str = ""                  # set by load_profile from the file name
 
     def __post_init__(self):
@@ -127,6 +141,10 @@ class EngineProfile:
                               f"sm_{FP8_MIN_SM}+: Ada, Hopper, Blackwell such as Thor); use int8 or fp16")
         if fp8 and lo < (9,):
             raise ConfigError(f"precision fp8 for {fp8} needs TensorRT >= 9; tensorrt_min is {self.tensorrt_min!r}")
+        if self.trtllm.enabled and self.target_sm < FP8_MIN_SM:
+            raise ConfigError(f"trtllm.enabled on sm_{self.target_sm} ({arch}): TensorRT-LLM's last Orin "
+                              "release (v0.12.0-jetson) predates M-RoPE; the TensorRT-LLM path is for "
+                              "Thor, Hopper and Ada (sm_89+). Set trtllm.enabled: false")
         if self.int4_awq and lo < (10,):
             raise ConfigError(f"int4_awq needs TensorRT >= 10 (JetPack 6.1+; DRIVE OS 6 ships 8.6); "
                               f"tensorrt_min is {self.tensorrt_min!r}: raise it to \"10.0\" or set int4_awq: false")
