@@ -80,6 +80,7 @@ def fake_export(checkpoint, out, draft, cfg, progress=print):
 def no_tensorrt(monkeypatch):
     monkeypatch.setattr(eb, "export_onnx", fake_export)
     monkeypatch.setattr(eb, "find_tensorrt", lambda: (None, None))
+    monkeypatch.setattr(eb, "write_trtllm", lambda *a, **k: {"status": "stubbed"})  # test_trtllm_checkpoint.py
 
 
 @pytest.mark.parametrize("name", ["orin-fp16", "orin-int8", "thor-fp8"])
