@@ -19,7 +19,7 @@ from calibration.variants import quantize_folder, select
 from prompt.config import ConfigError
 
 
-def calibrate_folder(folder: Path, meta: dict, plan: dict, planner, prompts: int = 32, seed: int = 0,
+def calibrate_folder(folder: Path, meta: dict, plan: dict, planner, prompts: int = 128, seed: int = 0,
                      method=None, report_scenes: int = 16, blame: bool = True, threads: int = 1,
                      progress=print) -> dict:
     """Every step above for {graph: precision}; -> what the manifest records."""
@@ -30,7 +30,7 @@ def calibrate_folder(folder: Path, meta: dict, plan: dict, planner, prompts: int
         raise ConfigError(f"{folder}/meta.json already points at quantized graphs; calibrate a fresh export")
     tok = load_tokenizer(folder)
     progress(f"recording the calibration set: {prompts} train scenes through the fp32 graphs")
-    calib = record(folder, meta, tok, planner, calibration_scenes(prompts, seed), threads=threads, seed=seed)
+    calib = record(folder, meta, tok, planner, calibration_scenes(prompts, seed), threads=threads)
     calib.save(folder / "calibration")
     entries = quantize_folder(folder, meta, calib, plan, method, progress)
     precisions = list(dict.fromkeys(plan.values()))

@@ -8,9 +8,12 @@ the planner loop (speculative decoding, verify widths 1..k+1, the action expert)
 One sample of a graph is a dict keyed by that graph's ONNX input names. The KV-reading graphs
 (step, draft_feed, draft_chain) take the whole cache; a sample keeps its rows [0, start + n) and
 `samples(graph)` pads them back with zeros (rows past start + n are masked out by the graph, so
-their values change nothing). Per scene each graph keeps `per_scene` of its calls (default 1,
-drawn at random from the cycle's calls, seeded), so over a few hundred scenes every decode
-position, verify width and Euler step appears while the set stays a few hundred MB. Scenes run
+their values change nothing). Per scene each graph keeps `per_scene` of its calls (default 1, at
+a point of the cycle that moves from scene to scene: `spread`), so over a few hundred scenes
+every decode position, verify width and Euler step appears. The vision tower, the draft's prefill
+and the action expert keep samples of at most OTHER_CAP scenes: their inputs are large (images,
+whole contexts) and do not vary along a cycle. 128 scenes at max_len 1024 make about 0.6 GB.
+Scenes run
 with the profile's k and, every other one, with k = k_max so the widest verify (k_max + 1 rows) is
 in the set; the budget is off so every cycle decodes to its end.
 """
@@ -28,6 +31,10 @@ from tqdm import tqdm
 from prompt.config import ConfigError, file_sha256
 
 CACHE_INPUTS = {"cache"}          # inputs that are the full KV cache (trimmed when recorded)
+# the LLM graphs keep a sample from every scene; the others (vision, draft prefill, action expert:
+# large inputs, few calls, no KV history) from OTHER_CAP scenes spread over the set
+ALL_SCENES = ("prefill", "step", "draft_feed", "draft_chain")
+OTHER_CAP = 64
 INDEX = "index.json"
 FORMAT = "specdrive-calibration"
 
@@ -99,8 +106,17 @@ def load(folder: Path) -> CalibrationSet:
     return CalibrationSet(graphs, index["scenes"], index["max_len"], index["sha256"])
 
 
+def spread(scene: int, per_scene: int, calls: int) -> list[int]:
+    """Which of a scene's `calls` to keep: positions on a golden-ratio sequence over the scenes, so
+    scene after scene lands at another point of the cycle (early, late, every width)."""
+    if calls <= per_scene:
+        return list(range(calls))
+    frac = ((scene * per_scene + np.arange(per_scene)) * 0.6180339887498949) % 1.0
+    return sorted({int(f * calls) for f in frac})
+
+
 def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: int = 1,
-           threads: int = 1, seed: int = 0, progress: bool = True) -> CalibrationSet:
+           threads: int = 1, progress: bool = True) -> CalibrationSet:
     """Run the fp32 graphs of `folder` through the planner on `scenes`; keep what each graph saw."""
     from runtime.backends.onnxruntime import OrtBackend
     from runtime.planner import Planner
@@ -128,14 +144,14 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
     planners = [Planner(backend, tokenizer, offline_config(planner_cfg)),
                 Planner(backend, tokenizer, offline_config(planner_cfg, planner_cfg.spec.k_max))]
     out = CalibrationSet(max_len=backend.max_len)
+    stride = -(-len(scenes) // OTHER_CAP)
     try:
         for i, scene in enumerate(tqdm(scenes, desc="calibration: recording graph inputs", disable=not progress)):
             backend.calls = {}
             planners[i % 2].plan(scene.images, scene.history, scene=scene.name)
-            rng = np.random.default_rng([seed, i])
             for graph, calls in backend.calls.items():
-                pick = np.sort(rng.choice(len(calls), min(per_scene, len(calls)), replace=False))
-                out.graphs.setdefault(graph, []).extend(calls[j] for j in pick)
+                if graph in ALL_SCENES or i % stride == 0:
+                    out.graphs.setdefault(graph, []).extend(calls[j] for j in spread(i, per_scene, len(calls)))
             out.scenes.append(scene.name)
     finally:
         for p in planners:

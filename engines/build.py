@@ -43,6 +43,7 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     meta = export_onnx(checkpoint, out, None, export_config(profile, planner), progress=lambda *_: None)
     progress(f"[1/3] export: {len(meta['graphs'])} ONNX graphs -> {out} ({time.perf_counter() - t0:.0f} s)")
     calibrated = calibrate(profile, out, meta, planner, progress)
+    meta = read_json(out / "meta.json", "export metadata")     # the quantized graphs, where calibrated
     trt, trtexec = find_tensorrt()
     steps = {"export": "done", "calibrate": calibrated["status"]}
     trtllm = write_trtllm(profile, checkpoint, out / "trtllm", planner, progress) if profile.trtllm.enabled else None

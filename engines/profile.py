@@ -82,7 +82,7 @@ class CalibrationConfig:
     """The calibration set: `prompts` train-split scenes (never test / held-out / unseen); the
     activation-range method of the int8 graphs (fp8 uses max, INT4 AWQ its clip search);
     SmoothQuant before INT8; the accuracy report's number of held-out scenes."""
-    prompts: int = 256
+    prompts: int = 128
     method: str = "max"
     seed: int = 0
     smoothquant: bool = False

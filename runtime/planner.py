@@ -35,6 +35,7 @@ from runtime.trace import span
 
 FUTURE_TOKENS = 128
 WAIT_FLOOR_MS = 50.0
+HUNG_WORKER_MS = 10_000.0
 
 
 class Planner:
@@ -81,7 +82,11 @@ class Planner:
     def wait_cap_ms(self) -> float:
         """The longest any wait on the expert may block (ms), budget or not: a few trajectories'
         worst case, at least WAIT_FLOOR_MS (thread wake-ups on a loaded machine). With a budget
-        the deadline bounds it further (CycleBudget.wait_s)."""
+        the deadline bounds it further (CycleBudget.wait_s). With the budget off there is no
+        deadline to protect, and the worst case may still be the profile's prior (an Orin prior
+        on a CPU): the cap then only keeps a hung worker from blocking forever (HUNG_WORKER_MS)."""
+        if self.cfg.budget.budget_ms <= 0:
+            return HUNG_WORKER_MS
         return max(4 * self.costs.worst("trajectory"), WAIT_FLOOR_MS)
 
     def action_options(self) -> dict:

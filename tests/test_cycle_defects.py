@@ -91,6 +91,21 @@ def test_a_stuck_fallback_worker_holds_the_next_cycle_only_a_bounded_time():
     p.close()
 
 
+def test_budget_off_waits_for_a_slow_fallback_instead_of_giving_up():
+    """Before: with the budget off, the wait cap still came from the profile's trajectory prior
+    (an Orin profile's 15 ms on a CPU: 60 ms), so the final trajectory gave up on an expert busy
+    with a 300 ms fallback and the cycle ended in a stop ("expert_busy")."""
+    be = Sleepy(len(TOK), draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
+    be.worker_sleep, be.concurrent_action = 0.3, False
+    budget = BudgetConfig(budget_ms=0.0, prior_trajectory_ms=15.0)
+    p = Planner(be, TOK, PlannerConfig(budget=budget, fallback="worker"))
+    for _ in range(2):
+        res = p.plan(IMAGES, history(8))
+        assert res.source == "reasoning" and "expert_busy" not in res.flags, (res.source, res.flags, res.error)
+    be.worker_sleep = 0.0
+    p.close()
+
+
 def test_a_failed_fallback_worker_leaves_a_flag():
     p, _ = sleepy_planner(worker_raises=True)
     first = p.plan(IMAGES, history(8))

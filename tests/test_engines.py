@@ -44,6 +44,15 @@ def test_unknown_profile_lists_the_known_ones():
         load_profile("orin-fp4")
 
 
+def test_quantization_plan_options():
+    base = load_profile("orin-int8")
+    sq = dataclasses.replace(base, calibration=dataclasses.replace(base.calibration, smoothquant=True))
+    assert eb.quantization_plan(sq) == {"prefill": "int8_sq", "step": "int8_sq"}
+    awq = dataclasses.replace(base, int4_awq=True, tensorrt_min="10.0")
+    assert eb.quantization_plan(awq) == {"prefill": "int4_awq", "step": "int4_awq"}
+    assert base.calibration.method_for("int8") == "max" and base.calibration.method_for("fp8") is None
+
+
 def test_profile_checks():
     base = load_profile("orin-int8")
     with pytest.raises(ConfigError, match="int4_awq needs TensorRT >= 10"):
@@ -81,6 +90,14 @@ def no_tensorrt(monkeypatch):
     monkeypatch.setattr(eb, "export_onnx", fake_export)
     monkeypatch.setattr(eb, "find_tensorrt", lambda: (None, None))
     monkeypatch.setattr(eb, "write_trtllm", lambda *a, **k: {"status": "stubbed"})  # test_trtllm_checkpoint.py
+    monkeypatch.setattr(eb, "calibrate", stand_in_calibrate)                        # test_calibration.py
+
+
+def stand_in_calibrate(profile, out, meta, planner, progress):
+    """The real step runs in test_calibration.py (on real graphs); this one says what it was asked."""
+    plan = eb.quantization_plan(profile)
+    progress(f"[2/3] calibrate (stand-in): {plan}")
+    return {"status": "done" if plan else "not needed", "graphs": plan}
 
 
 @pytest.mark.parametrize("name", ["orin-fp16", "orin-int8", "thor-fp8"])
@@ -100,7 +117,10 @@ def test_build_without_tensorrt_writes_the_manifest_and_exits_3(tmp_path, no_ten
         assert file_sha256(out / entry["file"]) == entry["sha256"], g
     assert m["onnx_meta_sha256"] == file_sha256(out / "meta.json")
     assert m["tools"]["onnx"] and m["tools"]["tensorrt"] is None
-    assert m["calibration"]["status"] == ("not needed" if name == "orin-fp16" else "not implemented")
+    assert m["calibration"] == {"status": "not needed" if name == "orin-fp16" else "done",
+                                "graphs": eb.quantization_plan(prof)}
+    assert eb.quantization_plan(prof) == {"orin-fp16": {}, "orin-int8": {"prefill": "int8", "step": "int8"},
+                                          "thor-fp8": {"prefill": "fp8", "step": "fp8"}}[name]
 
 
 def test_refused_profiles_exit_2(tmp_path, no_tensorrt, capsys):

@@ -16,7 +16,7 @@ from export import onnx as ex
 from models import io
 from prompt.config import ConfigError
 from runtime.artifacts import ModelSource, open_backend
-from runtime.config import PlannerConfig, SpecConfig, load_planner_config
+from runtime.config import PlannerConfig, SpecConfig
 from runtime.planner import Planner
 from scenes.world import make_scene
 
@@ -25,14 +25,9 @@ SHIPPED = ROOT / "checkpoints" / "tiny"
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    """The shipped checkpoint exported once (about a minute on 2 cores)."""
-    out = tmp_path_factory.mktemp("engines") / "tiny-ort"
-    prof = load_planner_config("cpu")
-    ex.export_onnx(SHIPPED, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
-                                                       samples=prof.trajectory_samples),
-                   progress=lambda *_: None)
-    return out
+def engines(tiny_onnx):
+    """The shipped checkpoint exported once per session (tests/conftest.py)."""
+    return tiny_onnx
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,12 @@ def stub_export(checkpoint, out, draft, cfg, progress=print):
     return {"graphs": {}}
 
 
+def stub_calibrate(profile, out, meta, planner, progress):
+    """The ONNX calibration step is tested in test_calibration.py; the stub export has no graphs."""
+    progress("[2/3] calibrate (stubbed)")
+    return {"status": "stubbed", "graphs": {}}
+
+
 @pytest.fixture(scope="module")
 def models():
     tok = Tokenizer.load(CKPT / "tokenizer.json")
@@ -45,6 +51,7 @@ def built(tmp_path_factory):
     checkpoints carry scales; CALIB calibration scenes."""
     mp = pytest.MonkeyPatch()
     mp.setattr(eb, "export_onnx", stub_export)
+    mp.setattr(eb, "calibrate", stub_calibrate)
     mp.setattr(eb, "find_tensorrt", lambda: (None, None))
     prof = load_profile("thor-fp8")
     prof = dataclasses.replace(prof, precision=dataclasses.replace(prof.precision, draft_chain="fp8"),
@@ -121,6 +128,7 @@ def test_build_hook_leaves_both_checkpoints_and_build_script(built):
 @pytest.mark.parametrize("name", ["orin-fp16", "orin-int8"])
 def test_orin_profiles_write_no_trtllm_folder(tmp_path, monkeypatch, name):
     monkeypatch.setattr(eb, "export_onnx", stub_export)
+    monkeypatch.setattr(eb, "calibrate", stub_calibrate)
     monkeypatch.setattr(eb, "find_tensorrt", lambda: (None, None))
     prof = load_profile(name)
     assert eb.build(prof, CKPT, tmp_path, load_planner_config(prof.planner), lambda *_: None) == 3

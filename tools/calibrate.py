@@ -1,6 +1,6 @@
 """`specdrive calibrate`: the calibration set and the accuracy report of quantized graphs.
 
-    specdrive calibrate record --engines DIR [--prompts 256] [--seed 0] [--profile cpu]
+    specdrive calibrate record --engines DIR [--prompts 128] [--seed 0] [--profile cpu]
     specdrive calibrate report --engines DIR [--precisions int8,int8_sq,fp8,int4_awq] [--scenes 16]
                                [--seed 0] [--no-blame] [--profile cpu] [--out DIR/report]
 
@@ -25,7 +25,7 @@ def add_parser(subparsers) -> None:
     sub.required = True
     r = sub.add_parser("record", help="record each graph's inputs on train scenes (DIR/calibration)")
     common(r)
-    r.add_argument("--prompts", type=int, default=256, help="train-split scenes (default 256)")
+    r.add_argument("--prompts", type=int, default=128, help="train-split scenes (default 128)")
     r.add_argument("--per-scene", type=int, default=1, help="calls kept per graph and scene (default 1)")
     r.set_defaults(run=run_record)
     q = sub.add_parser("report", help="quantized variants through the loop against fp32 (held-out scenes)")
@@ -70,7 +70,7 @@ def run_record(args) -> int:
 
     meta, tok, cfg = _open(args)
     calib = record(args.engines, meta, tok, cfg, calibration_scenes(args.prompts, args.seed),
-                   per_scene=args.per_scene, threads=args.threads, seed=args.seed)
+                   per_scene=args.per_scene, threads=args.threads)
     index = calib.save(args.engines / "calibration")
     counts = ", ".join(f"{g} {f['samples']}" for g, f in index["graphs"].items())
     print(f"calibration set {index['sha256'][:12]}: {len(calib.scenes)} train scenes; samples per graph: "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError
+from prompt.config import ConfigError, read_json
 from runtime.artifacts import open_backend
 from runtime.config import DECODING, TRAJECTORY_SOURCES, load_planner_config
 from runtime.planner import Planner
@@ -32,7 +32,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--draft", default=None, help="draft checkpoint folder, 'self' (target drafts for "
                    "itself) or 'none' (plain decoding); default: the draft that comes with the models")
     p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm", "table"])
-    p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
+    p.add_argument("--profile", default=None, help="planner profile configs/planner/NAME.yaml or a YAML path "
+                   "(default: the one an --engines folder's manifest.json names, else cpu)")
     p.add_argument("--budget-ms", type=float, help="latency budget per cycle (0 = off); default from the profile")
     p.add_argument("--k", type=int, help="fixed draft length (turns adaptive k off; 0 = plain decoding)")
     p.add_argument("--decoding", choices=DECODING)
@@ -55,9 +56,20 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
+def default_profile(args) -> str:
+    """The planner profile an engines build was made for (its manifest.json), else cpu."""
+    manifest = getattr(args, "engines", None) and Path(args.engines) / "manifest.json"
+    if manifest and manifest.is_file():
+        name = read_json(manifest, "engines manifest").get("planner")
+        if name:
+            print(f"planner profile {name!r} (from {manifest}; --profile NAME for another)", flush=True)
+            return name
+    return "cpu"
+
+
 def planner_config(args):
     """The profile with the command line's overrides (re-validated by the dataclasses)."""
-    cfg = load_planner_config(args.profile)
+    cfg = load_planner_config(args.profile or default_profile(args))
     spec, budget = cfg.spec, cfg.budget
     if args.k is not None:
         spec = dataclasses.replace(spec, k=args.k, adaptive=False)
