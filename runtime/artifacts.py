@@ -11,6 +11,7 @@ ConfigError saying what was found.
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, load_backend
 
 CHECKPOINT_FORMAT = "specdrive-checkpoint"
+MANIFEST_FORMAT = "specdrive-engines-manifest"     # engines/build.py writes it (runtime may not import engines/)
+ENGINE_BACKENDS = ("tensorrt", "tensorrt-llm")     # run the engines manifest.json lists
 MODEL_KINDS = ("target", "draft", "expert", "planner")
 
 
@@ -125,11 +128,40 @@ class ModelSource:
     threads: int = 0              # engine CPU threads (onnxruntime; torch's are set by the tools)
 
 
-def open_backend(src: ModelSource, max_len: int, default_tokenizer=None):
+def read_manifest(folder: Path, backend: str) -> dict:
+    """DIR/manifest.json of `specdrive engines build`, refused unless it lists built engines (a
+    `built: false` manifest says what the build needs and where to run it)."""
+    file = Path(folder) / "manifest.json"
+    if not file.is_file():
+        raise ConfigError(f"--backend {backend}: {folder} has no manifest.json; build the engines on the "
+                          "device with `make engines PROFILE=...` (specdrive engines build)")
+    m = read_json(file, "engines manifest")
+    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
+        raise ConfigError(f"{file}: format {m.get('format') if isinstance(m, dict) else None!r}, "
+                          f"expected {MANIFEST_FORMAT!r}")
+    if not m.get("built"):
+        here = "" if importlib.util.find_spec("tensorrt") else \
+            "; the 'tensorrt' Python package is not installed here either"
+        raise ConfigError(f"--backend {backend}: {folder} holds no engines yet (manifest.json built: false, "
+                          f"profile {m.get('profile')!r}: the build needs TensorRT){here}. Engines are built on "
+                          f"the device they run on: install TensorRT there ({m.get('needs', {}).get('install')}), "
+                          f"then run `make engines PROFILE={m.get('profile')}` there")
+    return m
+
+
+def open_backend(src: ModelSource, max_len: int, default_tokenizer=None, k_max: int | None = None):
     """The backend (caches of `max_len` rows) and tokenizer of `src`: (backend, tokenizer).
 
     Random-weight models (a preset) have no tokenizer.json; `default_tokenizer()` gives theirs.
+    --backend tensorrt / tensorrt-llm with an engines folder runs the engines its manifest.json
+    lists (checked against `max_len` and, when given, the planner's `k_max`).
     """
+    if src.engines is not None and src.backend in ENGINE_BACKENDS:
+        meta = read_meta(src.engines)
+        manifest = read_manifest(src.engines, src.backend)
+        tok = load_tokenizer(src.engines)
+        return load_backend(src.backend, engines=Path(src.engines), meta=meta, manifest=manifest, tokenizer=tok,
+                            max_len=max_len, k_max=k_max, eager=src.eager), tok
     if src.engines is not None:
         meta = read_meta(src.engines)
         name = meta.get("backend")

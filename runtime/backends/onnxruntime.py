@@ -26,9 +26,8 @@ import numpy as np
 import onnxruntime as ort
 
 from prompt.config import ConfigError, file_sha256
-from prompt.pixels import images_to_patches
-from prompt.positions import rope_tables
-from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
+from runtime.backend import PrefillInputs
+from runtime.backends.graphs import GraphBackend
 
 FORMAT = "specdrive-onnx"
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
@@ -36,43 +35,27 @@ PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
-class OrtBackend(Backend):
+class OrtBackend(GraphBackend):
     name = "onnxruntime"
 
     def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None,
                  threads: int = 0):
-        self.folder, self.meta = Path(folder), meta
+        self.folder = Path(folder)
         check_meta(self.folder, meta)
-        if max_len is not None and max_len != meta["max_len"]:
-            raise ConfigError(f"{folder}: graphs were exported for max_len={meta['max_len']}, the "
-                              f"planner asks for {max_len}; re-export or set max_len to match")
+        self._init_shapes(folder, meta, max_len)
         self.sessions = open_sessions(self.folder, meta, device, threads)
         t, d = meta["target"], meta["draft_llm"]
-        self.vocab_size, self.max_len = t["vocab_size"], meta["max_len"]
-        self.fused = meta["draft_features"] == "fused"
-        self.draft_keeps_proposals = not self.fused
         self.cache = np.zeros((t["layers"], 2, 1, t["kv_heads"], self.max_len, t["head_dim"]), np.float32)
         self.draft_cache = np.zeros((d["layers"], 2, 1, d["kv_heads"], self.max_len, d["head_dim"]), np.float32)
-        self.feats = np.zeros((self.max_len, 3 * t["hidden"] if self.fused else 1), np.float32)
+        self.feats = np.zeros((self.max_len, self.feat_dim), np.float32)
         self.bound = {"cache": ort.OrtValue.ortvalue_from_numpy(self.cache),
                       "draft_cache": ort.OrtValue.ortvalue_from_numpy(self.draft_cache)}
         self.set_mask(None)
-        self.delta, self.images = 0, None
+        self.images = None
 
     # --- vision and prefill ------------------------------------------------------------------
-    def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
-        p = self.meta["prompt"]
-        want = (p["cameras"], p["frames"], *p["image_hw"], 3)
-        if tuple(image_shape) != want:
-            raise ConfigError(f"images {tuple(image_shape)}: these graphs were exported for {want} "
-                              "(cameras, frames, H, W, RGB)")
-        return np.asarray(p["grid_thw"], np.int64), self.meta["vision"]["merge"]
-
     def vision(self, images: np.ndarray) -> None:
-        v = self.meta["vision"]
-        imgs = np.asarray(images).reshape(-1, *images.shape[-3:])        # camera-major
-        patches, _ = images_to_patches(imgs, v["patch"], v["temporal_patch"], v["merge"])
-        self.images = self._run("vision", patches=patches.astype(np.float32))
+        self.images = self._run("vision", patches=self._patches(images))
 
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)[None]
@@ -93,9 +76,6 @@ class OrtBackend(Backend):
         (dkv,) = self._run("draft_prefill", ids=ids, cos=dcos, sin=dsin, image_embeds=embeds, **extra)
         self.draft_cache[..., :T, :] = dkv
         return self._readout(logits[0, -1:], top[0, -1:], readout)
-
-    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
-        self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
 
     # --- draft, verify, action ---------------------------------------------------------------
     def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
@@ -127,29 +107,17 @@ class OrtBackend(Backend):
 
     def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
                steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        a = self.meta["action"]
-        if (samples, combine) != (a["samples"], a["combine"]):
-            raise ConfigError(f"{self.folder}: action_output was exported for {a['samples']} draws "
-                              f"combined by {a['combine']!r}, the planner asks for {samples} by "
-                              f"{combine!r}; re-export with that planner profile")
         tokens = np.asarray(tokens, np.int64)
         if len(tokens):
             self._check_rows(start, len(tokens))
             self._step(tokens[None], start)
         rows = start + len(tokens)
         context = np.ascontiguousarray(self.cache[..., :rows, :])
-        steps = steps or a["euler_steps"]
-        W, A, S = a["n_waypoints"], a["action_dim"], samples
-        x = np.random.default_rng(seed).standard_normal((S, W, A)).astype(np.float32)
-        t = self.meta["target"]
-        pos = rows + self.delta + np.arange(W)
-        cos, sin = rope_tables(np.broadcast_to(pos, (3, S, W)) if t["mrope_section"] else
-                               np.broadcast_to(pos, (S, W)), t["head_dim"], t["rope_theta"],
-                               t["mrope_section"], t["interleaved"])
-        for i in range(steps):                       # x <- x + dt v(x, t), t = i / steps
-            (v,) = self._run("action_velocity", x=x, t=np.full(S, i / steps, np.float32),
-                             context=context, cos=cos, sin=sin)
-            x = x + v / np.float32(steps)
+        x, cos, sin = self._expert_inputs(rows, seed, samples, combine)
+        times = self._euler_times(steps, samples)
+        for t in times:                              # x <- x + dt v(x, t), t = i / steps
+            (v,) = self._run("action_velocity", x=x, t=t, context=context, cos=cos, sin=sin)
+            x = x + v / np.float32(len(times))
         (wp,) = self._run("action_output", x=x, v0=np.array([v0], np.float32))
         return wp[0].astype(np.float32)
 
@@ -181,38 +149,12 @@ class OrtBackend(Backend):
         self.last_binding = (graph, binding)
         return binding.copy_outputs_to_cpu()
 
-    def _target_rope(self, positions):
-        t = self.meta["target"]
-        if t["mrope_section"] and np.asarray(positions).ndim == 2:
-            positions = np.broadcast_to(positions, (3, *np.shape(positions)))
-        return rope_tables(positions, t["head_dim"], t["rope_theta"], t["mrope_section"], t["interleaved"])
-
-    def _draft_rope(self, start: int, n: int, prompt_positions=None):
-        if self.meta["draft_rope"] == "mrope":
-            return self._target_rope(prompt_positions if prompt_positions is not None
-                                     else np.arange(start, start + n)[None] + self.delta)
-        d = self.meta["draft_llm"]
-        return rope_tables(np.arange(start, start + n)[None], d["head_dim"], d["rope_theta"])
-
     def _feed_features(self, start: int, n: int):
         """Target features of rows start-1 .. start+n-2 (row j of the draft reads row j-1)."""
         if not self.fused:
             return None
         f = self.feats[max(start - 1, 0):start + n - 1][None]
         return np.concatenate([np.zeros_like(self.feats[None, :1]), f], 1) if start == 0 else f
-
-    def _allowed(self, index0: int, n: int) -> np.ndarray:
-        """(n, V) bool mask rows of the tokens chosen at sequence indices index0 .. index0+n-1."""
-        return self.allowed[mask_rows(self.mask_first, index0, n, len(self.allowed))]
-
-    def _readout(self, logits: np.ndarray, top: np.ndarray, readout: str) -> np.ndarray:
-        check_readout(readout)
-        return top.astype(np.int64) if readout == "argmax" else logits.astype(np.float32)
-
-    def _check_rows(self, start: int, n: int) -> None:
-        if start < 0 or start + n > self.max_len:
-            raise ValueError(f"onnxruntime backend: rows [{start}, {start + n}) outside the cache "
-                             f"[0, {self.max_len})")
 
 
 def check_meta(folder: Path, meta: dict) -> None:

@@ -1,0 +1,372 @@
+"""The TensorRT backend (issue 14) against test doubles of TensorRT and cuda-python
+(tests/trt_doubles.py): the backend's own logic (manifest checks, profile selection, shapes,
+buffer sizes and bindings, CUDA graphs per verify width, host<->device traffic) runs here; the
+doubles execute the same ONNX graphs with ONNX Runtime. Real engines: the `tensorrt` / `gpu` test at
+the end, which skips here with the reason."""
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines import build as eb
+from engines.profile import Shapes, load_profile
+from export import onnx as ex
+from prompt.config import ConfigError, file_sha256
+from runtime.artifacts import ModelSource, open_backend
+from runtime.config import PlannerConfig, SpecConfig, load_planner_config
+from runtime.planner import Planner
+from scenes.world import make_scene
+from tests.trt_doubles import ContractError, FakeCudaRuntime, FakeTensorRT, build_engine, install
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "checkpoints" / "tiny"
+TRT = "10.3.0"
+
+
+def engine_profile():
+    """orin-fp16 with the shapes of the tiny export (cpu planner: max_len 512)."""
+    return dataclasses.replace(load_profile("orin-fp16"), name="orin-fp16",
+                               shapes=Shapes(max_prompt=448, max_len=512, k_max=8))
+
+
+def build_fake_engines(folder: Path, version: str = TRT) -> dict:
+    """What `specdrive engines build` does on a device, with the double's engine format: one engine
+    per graph with the optimization profiles engines/build.py asks TensorRT for, then the manifest
+    (engines/build.py's own writer)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    prof = engine_profile()
+    (folder / "trt").mkdir(exist_ok=True)
+    engines = {}
+    for graph, g in meta["graphs"].items():
+        profiles = []
+        for axes in eb.dim_ranges(prof, graph):
+            profiles.append({s["name"]: [eb._shape(s, axes, i) for i in range(3)] for s in g["inputs"]
+                             if any(isinstance(d, str) for d in s["shape"])})
+        dst = folder / "trt" / f"{graph}.engine"
+        dst.write_bytes(build_engine(folder / g["file"], g, profiles, version))
+        engines[graph] = {"file": f"trt/{graph}.engine", "sha256": file_sha256(dst), "tensorrt": version}
+    return eb.write_manifest(prof, SHIPPED, folder, meta, {"export": "done", "build": "done"},
+                             {"status": "not needed", "graphs": {}}, built=True, engines=engines)
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """The shipped checkpoint exported once (about a minute on 2 cores), engines "built" by the double."""
+    out = tmp_path_factory.mktemp("engines") / "tiny-trt"
+    prof = load_planner_config("cpu")
+    ex.export_onnx(SHIPPED, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
+                                                       samples=prof.trajectory_samples), progress=lambda *_: None)
+    build_fake_engines(out)
+    return out
+
+
+@pytest.fixture
+def doubles(monkeypatch):
+    cuda = FakeCudaRuntime(sm=87)
+    trt = FakeTensorRT(cuda, TRT)
+    install(monkeypatch, trt, cuda)
+    return trt, cuda
+
+
+def planner(engines, backend="tensorrt", eager=False, **cfg):
+    be, tok = open_backend(ModelSource(engines=engines, backend=backend, eager=eager), 512, k_max=8)
+    return Planner(be, tok, PlannerConfig(fallback="on_failure", euler_steps=2, trajectory_samples=8,
+                                          max_len=512, **cfg)), be
+
+
+def test_speculative_equals_plain_and_the_onnxruntime_backend(engines, doubles):
+    """20 scenes x k in {1, 4, 8, adaptive} (and a length limit of 13 reasoning tokens) on the
+    TensorRT backend (CUDA graphs on): the same reasoning and trajectory as plain decoding of the
+    same engines, every loop branch hit; plain decoding equals the onnxruntime backend's."""
+    limits = (64, 13)
+    plain = {m: planner(engines, spec=SpecConfig(k=0, adaptive=False), max_reasoning_tokens=m)[0] for m in limits}
+    ort = planner(engines, backend=None, spec=SpecConfig(k=0, adaptive=False))[0]
+    modes = [SpecConfig(k=1, adaptive=False), SpecConfig(k=4, adaptive=False),
+             SpecConfig(k=8, adaptive=False), SpecConfig(k=4, adaptive=True)]
+    spec = [(64, planner(engines, spec=s)[0]) for s in modes]
+    spec.append((13, planner(engines, spec=modes[2], max_reasoning_tokens=13)[0]))
+    branches, worst = Counter(), 0.0
+    for i in range(20):
+        s = make_scene(100 + i, split="test")
+        ref = {m: plain[m].plan(s.images, s.history) for m in limits}
+        if i < 5:
+            o = ort.plan(s.images, s.history)
+            worst = max(worst, float(np.abs(o.trajectory - ref[64].trajectory).max()))
+            assert o.reasoning_ids == ref[64].reasoning_ids, i
+        for m, p in spec:
+            r = p.plan(s.images, s.history)
+            assert r.reasoning_ids == ref[m].reasoning_ids, (i, m, p.cfg.spec)
+            assert np.array_equal(r.trajectory, ref[m].trajectory), (i, m, p.cfg.spec)
+            branches.update(r.decode["branches"])
+    print(dict(branches), f"trajectory vs onnxruntime: max abs diff {worst:.2e}")
+    assert worst <= 1e-5
+    for b in ("all_accepted", "partial", "first_rejected", "stop_in_block", "max_length"):
+        assert branches[b] > 0, (b, dict(branches))
+    trt, cuda = doubles
+    assert cuda.log["graph_launch"] > 0 and cuda.log["graph_instantiate"] <= 5 * 9 + 9
+
+
+def test_cuda_graphs_equal_eager_and_are_captured_once_per_width(engines, doubles):
+    """eager=True (no graphs) gives the same tokens; with graphs, each verify width is run eagerly
+    once, captured once, and replayed after."""
+    trt, cuda = doubles
+    pg, be = planner(engines, spec=SpecConfig(k=4, adaptive=True))
+    pe, _ = planner(engines, eager=True, spec=SpecConfig(k=4, adaptive=True))
+    launches = cuda.log["graph_launch"]
+    for i in range(3):
+        s = make_scene(300 + i, split="test")
+        a, b = pg.plan(s.images, s.history), pe.plan(s.images, s.history)
+        assert a.reasoning_ids == b.reasoning_ids and np.array_equal(a.trajectory, b.trajectory)
+    runner = be.verify_graphs
+    assert runner.execs and set(runner.execs) <= runner.warm <= set(range(1, 10))
+    assert cuda.log["graph_instantiate"] == len(runner.execs)
+    assert cuda.log["graph_launch"] > launches
+    assert not pe.be.verify_graphs.execs
+
+
+def test_host_device_traffic_per_step(engines, doubles):
+    """Per verify of n tokens: n ids in, n arg-max ids out (greedy); per draft call: the fed ids in,
+    the k proposals out once; no allocation in a step; everything freed by close()."""
+    trt, cuda = doubles
+    p, be = planner(engines, spec=SpecConfig(k=4, adaptive=False))
+    s = make_scene(7, split="test")
+    r = p.plan(s.images, s.history)
+    start = len(r.reasoning_ids)          # rows of the last cycle's prompt and reasoning are valid
+    for n in (1, 5, 5, 5, 9):
+        cuda.log.clear(), cuda.bytes.clear()
+        out = be.verify(np.arange(10, 10 + n), 300, "argmax")
+        assert out.shape == (n,) and out.dtype == np.int64
+        assert cuda.bytes["cudaMemcpyHostToDevice"] == 8 * n, cuda.bytes
+        assert cuda.bytes["cudaMemcpyDeviceToHost"] == 8 * n, cuda.bytes
+        assert cuda.log["cudaMemcpyHostToDevice"] == 1 and cuda.log["cudaMemcpyDeviceToHost"] == 1
+        assert cuda.log["malloc_device"] == cuda.log["malloc_host"] == 0
+    for fed, k in ((1, 4), (2, 8)):
+        cuda.log.clear(), cuda.bytes.clear()
+        props = be.draft(np.arange(10, 10 + fed), 300, k)
+        assert props.shape == (k,)
+        assert cuda.bytes["cudaMemcpyHostToDevice"] == 8 * fed and cuda.bytes["cudaMemcpyDeviceToHost"] == 8 * k
+        assert cuda.log["malloc_device"] == cuda.log["malloc_host"] == 0
+    assert start >= 0
+    be.close()
+    assert cuda.live("device") == cuda.live("host") == 0 and not cuda.streams
+
+
+def test_the_fallback_expert_runs_on_its_own_stream(engines, doubles):
+    trt, cuda = doubles
+    _, be = planner(engines)
+    streams = {g: e.stream for g, e in be.engines.items()}
+    assert streams["action_velocity"] is streams["action_output"] is be.action_stream
+    assert all(streams[g] is be.stream for g in streams if not g.startswith("action"))
+    assert be.action_stream is not be.stream
+
+
+# --- the doubles enforce the contracts: misuse raises ------------------------------------------------
+
+@pytest.fixture
+def step(engines, doubles):
+    """The step engine, a context on profile 0 (verify widths 1..9), every tensor bound to buffers
+    sized for width 9."""
+    trt, cuda = doubles
+    e = trt.Runtime(None).deserialize_cuda_engine((engines / "trt" / "step.engine").read_bytes())
+    ctx = e.create_execution_context()
+    _, stream = cuda.cudaStreamCreateWithFlags(1)
+    assert ctx.set_optimization_profile_async(0, int(stream))
+    for n in e.input_names:
+        if -1 in e.get_tensor_shape(n):
+            assert ctx.set_input_shape(n, e.get_tensor_profile_shape(n, 0)[2])
+    buffers = {}
+    for n in e.names:
+        nbytes = int(np.prod(ctx.get_tensor_shape(n))) * np.dtype(e.io[n]["dtype"]).itemsize
+        buffers[n] = cuda.cudaMalloc(nbytes)[1]
+        assert ctx.set_tensor_address(n, buffers[n])
+    return e, ctx, stream, cuda, buffers
+
+
+def width(ctx, n, hd=32, V=1098):
+    return all([ctx.set_input_shape("ids", (1, n)), ctx.set_input_shape("cos", (1, n, hd)),
+                ctx.set_input_shape("sin", (1, n, hd)), ctx.set_input_shape("allowed", (n, V))])
+
+
+def test_a_bound_context_runs(step):
+    e, ctx, stream, cuda, _ = step
+    assert width(ctx, 3) and ctx.execute_async_v3(int(stream))
+
+
+def test_missing_set_input_shape_raises(step):
+    e, ctx, stream, cuda, _ = step
+    fresh = e.create_execution_context()
+    assert fresh.set_optimization_profile_async(1, int(stream))
+    for n in e.names:
+        fresh.set_tensor_address(n, ctx.addresses[n])
+    with pytest.raises(ContractError, match="set_input_shape was not called"):
+        fresh.execute_async_v3(int(stream))
+
+
+def test_an_undersized_buffer_raises(step):
+    e, ctx, stream, cuda, _ = step
+    small = cuda.cudaMalloc(8 * 4)[1]                 # argmax of width 4 does not fit width 5
+    assert ctx.set_tensor_address("argmax", small) and width(ctx, 5)
+    with pytest.raises(ContractError, match="run past its allocation"):
+        ctx.execute_async_v3(int(stream))
+
+
+def test_a_shape_outside_the_profile_is_refused(step, engines):
+    """set_input_shape returns False outside the active profile; the backend says which profiles."""
+    e, ctx, stream, cuda, _ = step
+    assert not ctx.set_input_shape("ids", (1, 10))         # profile 0 covers widths 1..9
+    assert not e.create_execution_context().set_optimization_profile_async(0, int(stream))  # profile taken
+    from runtime.backends.tensorrt import Engine
+    assert Engine.profile_for(types_ns(e), {"ids": (1, 9)}) == 0
+    with pytest.raises(ConfigError, match="outside every optimization profile"):
+        Engine.profile_for(types_ns(e), {"ids": (1, 449)})
+
+
+def types_ns(e):
+    import types
+    ranges = [{n: [tuple(s) for s in e.get_tensor_profile_shape(n, p)] for n in ("ids",)}
+              for p in range(e.num_optimization_profiles)]
+    return types.SimpleNamespace(name="step", ranges=ranges)
+
+
+def test_a_graph_replayed_at_another_width_raises(step):
+    e, ctx, stream, cuda, _ = step
+    assert width(ctx, 4) and ctx.execute_async_v3(int(stream))          # warm-up at width 4
+    cuda.cudaStreamBeginCapture(stream, 1)
+    ctx.execute_async_v3(int(stream))
+    _, graph = cuda.cudaStreamEndCapture(stream)
+    _, exe = cuda.cudaGraphInstantiate(graph, 0)
+    cuda.cudaGraphLaunch(exe, stream)                                    # same width: fine
+    assert width(ctx, 6)
+    with pytest.raises(ContractError, match="replayed with the context at"):
+        cuda.cudaGraphLaunch(exe, stream)
+
+
+def test_a_capture_right_after_a_shape_change_raises(step):
+    e, ctx, stream, cuda, _ = step
+    assert width(ctx, 2)
+    cuda.cudaStreamBeginCapture(stream, 1)
+    with pytest.raises(ContractError, match="enqueue once eagerly"):
+        ctx.execute_async_v3(int(stream))
+
+
+def test_a_context_on_two_streams_raises(step):
+    e, ctx, stream, cuda, _ = step
+    _, other = cuda.cudaStreamCreateWithFlags(1)
+    assert width(ctx, 2)
+    with pytest.raises(ContractError, match="after stream"):
+        ctx.execute_async_v3(int(other))
+
+
+def test_copies_out_of_bounds_or_of_the_wrong_kind_raise(doubles):
+    trt, cuda = doubles
+    _, s = cuda.cudaStreamCreateWithFlags(1)
+    _, d = cuda.cudaMalloc(64)
+    host = np.zeros(16, np.int64)
+    with pytest.raises(ContractError, match="run past"):
+        cuda.cudaMemcpyAsync(d, host.ctypes.data, 128, cuda.cudaMemcpyKind.cudaMemcpyHostToDevice, s)
+    with pytest.raises(ContractError, match="not device memory"):
+        cuda.cudaMemcpyAsync(host.ctypes.data, d, 8, cuda.cudaMemcpyKind.cudaMemcpyHostToDevice, s)
+    with pytest.raises(ContractError, match="width"):
+        cuda.cudaMemcpy2DAsync(d, 8, d, 16, 16, 2, cuda.cudaMemcpyKind.cudaMemcpyDeviceToDevice, s)
+
+
+# --- the manifest: engines that do not match this runtime are refused, naming the difference ---------
+
+def copy_of(engines, tmp_path):
+    dst = tmp_path / "e"
+    shutil.copytree(engines, dst)
+    return dst
+
+
+@pytest.mark.parametrize("how,word", [
+    ("sm", "built for sm_87, this GPU is sm_90"),
+    ("version", "TensorRT 10.4.0 here"),
+    ("k_max", "shapes.k_max=8 but the planner asks for k_max=6"),
+    ("hash", "sha256 does not match the manifest"),
+    ("precision", "meta.json says int8, the manifest fp16"),
+    ("range", "outside the profile's range [8.6, 10.3)"),
+])
+def test_a_mismatched_manifest_is_refused(engines, tmp_path, monkeypatch, how, word):
+    e = copy_of(engines, tmp_path)
+    cuda = FakeCudaRuntime(sm=90 if how == "sm" else 87)
+    install(monkeypatch, FakeTensorRT(cuda, "10.4.0" if how == "version" else TRT), cuda)
+    k_max = 6 if how == "k_max" else 8
+    m = json.loads((e / "manifest.json").read_text())
+    if how == "hash":
+        (e / "trt" / "step.engine").write_bytes((e / "trt" / "step.engine").read_bytes() + b" ")
+    elif how == "precision":
+        meta = json.loads((e / "meta.json").read_text())
+        meta["graphs"]["step"]["precision"] = "int8"
+        (e / "meta.json").write_text(json.dumps(meta))
+        m["onnx_meta_sha256"] = file_sha256(e / "meta.json")
+    elif how == "range":
+        m["tensorrt_range"] = ["8.6", "10.3"]
+    (e / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match=word.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        open_backend(ModelSource(engines=e, backend="tensorrt"), 512, k_max=k_max)
+
+
+def test_an_unbuilt_folder_or_no_tensorrt_is_refused_with_the_install_route(engines, tmp_path):
+    e = copy_of(engines, tmp_path)
+    m = json.loads((e / "manifest.json").read_text())
+    with pytest.raises(ConfigError, match=r"needs the 'tensorrt' Python package.*JetPack"):
+        open_backend(ModelSource(engines=e, backend="tensorrt"), 512)       # no doubles: no tensorrt here
+    m.update(built=False, needs={"install": eb.INSTALL_TENSORRT["orin"]})
+    (e / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match=r"built: false.*'tensorrt' Python package is not installed.*JetPack"):
+        open_backend(ModelSource(engines=e, backend="tensorrt"), 512)
+
+
+def test_the_plan_command_without_tensorrt_exits_2_naming_the_package(engines, tmp_path):
+    e = copy_of(engines, tmp_path)
+    code = ("import sys\nfrom tools.cli import main\n"
+            f"sys.exit(main(['plan', '--engines', {str(e)!r}, '--backend', 'tensorrt', '--scenes', '1', "
+            f"'--out', {str(tmp_path / 'o')!r}, '--quiet']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "'tensorrt'" in r.stderr and "JetPack" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_importing_the_runtime_loads_neither_tensorrt_nor_cuda():
+    code = ("import runtime, runtime.artifacts, runtime.backends.graphs, sys\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'cuda', 'onnxruntime')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
+
+
+# --- the real thing ---------------------------------------------------------------------------------
+
+def real_tensorrt():
+    try:
+        import tensorrt  # noqa: F401
+        from cuda.bindings import runtime as rt
+        err, n = rt.cudaGetDeviceCount()
+        return n > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(not real_tensorrt(), reason="needs TensorRT, cuda-python and a CUDA GPU (none here)")
+def test_real_engines_speculative_equals_plain(tmp_path):
+    """On a device: `specdrive engines build` for the device's profile, then the TensorRT backend
+    with CUDA graphs against eager and speculative against plain, token for token."""
+    out = tmp_path / "engines"
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "engines", "build", "--profile",
+                        "orin-fp16", "--checkpoint", str(SHIPPED), "--out", str(out)], cwd=ROOT)
+    assert r.returncode == 0
+    plain = planner(out, spec=SpecConfig(k=0, adaptive=False))[0]
+    spec = planner(out, spec=SpecConfig(k=4, adaptive=True))[0]
+    eager = planner(out, eager=True, spec=SpecConfig(k=4, adaptive=True))[0]
+    for i in range(8):
+        s = make_scene(100 + i, split="test")
+        ref = plain.plan(s.images, s.history)
+        for p in (spec, eager):
+            assert p.plan(s.images, s.history).reasoning_ids == ref.reasoning_ids, i
