@@ -550,9 +550,11 @@ def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, s
     lo, below = manifest["tensorrt_range"]
     if not version(lo) <= version(trt_version) < version(below):
         wrong.append(f"TensorRT {trt_version} here is outside the profile's range [{lo}, {below})")
+    other = sorted(g for g, e in manifest.get("engines", {}).items() if e.get("tensorrt") not in (trt_version, "trtexec"))
+    if other:
+        built = sorted({manifest["engines"][g].get("tensorrt") for g in other})
+        wrong.append(f"TensorRT {trt_version} here, but {other} were built with TensorRT {built}")
     for g, entry in manifest.get("engines", {}).items():
-        if entry.get("tensorrt") not in (trt_version, "trtexec"):
-            wrong.append(f"engine {g} was built with TensorRT {entry.get('tensorrt')}, this is {trt_version}")
         if file_sha256(folder / entry["file"]) != entry["sha256"]:
             wrong.append(f"{entry['file']}: sha256 does not match the manifest (changed or damaged)")
     for g, entry in meta["graphs"].items():
