@@ -194,13 +194,14 @@ class Engine:
 
 
 class GraphRunner:
-    """CUDA graphs of one engine's first profile, one per width: the first call at a width runs
-    eagerly (TensorRT's deferred work after a shape change happens there), the second captures
-    and launches, later calls launch. `eager` turns graphs off."""
+    """CUDA graphs of one engine's first profile, one per width. TensorRT does deferred work in
+    the first enqueue after a shape change, so a width is captured only right after an eager run
+    at that width (no shape change between); once captured it is replayed (its shapes set back
+    first, host-side). `eager` turns graphs off."""
 
     def __init__(self, cuda: Cuda, engine: Engine, eager: bool):
         self.cuda, self.engine, self.eager = cuda, engine, eager
-        self.execs, self.warm = {}, set()
+        self.execs, self.last = {}, None           # last: the width of the last eager run, if current
 
     def run(self, width: int, shapes: dict) -> None:
         e, cuda = self.engine, self.cuda
@@ -208,9 +209,10 @@ class GraphRunner:
             return e.run(shapes)
         if width in self.execs:                  # the context's shapes back to the captured ones
             e.bind(shapes)
+            self.last = width if self.last == width else None
             return cuda("cudaGraphLaunch", self.execs[width], e.stream)
-        if width not in self.warm:
-            self.warm.add(width)
+        if self.last != width:
+            self.last = width
             return e.run(shapes)
         e.bind(shapes)
         mode = cuda.rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
