@@ -5,6 +5,7 @@ doubles execute the same ONNX graphs with ONNX Runtime. Real engines: the `tenso
 the end, which skips here with the reason."""
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -117,7 +118,7 @@ def test_cuda_graphs_equal_eager_and_are_captured_once_per_width(engines, double
     once (after an eager run at that width) and replayed after."""
     trt, cuda = doubles
     pg, be = planner(engines, spec=SpecConfig(k=4, adaptive=True))
-    pe, _ = planner(engines, eager=True, spec=SpecConfig(k=4, adaptive=True))
+    pe, be_eager = planner(engines, eager=True, spec=SpecConfig(k=4, adaptive=True))
     launches = cuda.log["graph_launch"]
     for i in range(3):
         s = make_scene(300 + i, split="test")
@@ -127,7 +128,7 @@ def test_cuda_graphs_equal_eager_and_are_captured_once_per_width(engines, double
     assert runner.execs and set(runner.execs) <= set(range(1, 10))
     assert cuda.log["graph_instantiate"] == len(runner.execs)
     assert cuda.log["graph_launch"] > launches
-    assert not pe.be.verify_graphs.execs
+    assert not be_eager.verify_graphs.execs
 
 
 def test_host_device_traffic_per_step(engines, doubles):
@@ -356,17 +357,28 @@ def real_tensorrt():
 @pytest.mark.gpu
 @pytest.mark.skipif(not real_tensorrt(), reason="needs TensorRT, cuda-python and a CUDA GPU (none here)")
 def test_real_engines_speculative_equals_plain(tmp_path):
-    """On a device: `specdrive engines build` for the device's profile, then the TensorRT backend
-    with CUDA graphs against eager and speculative against plain, token for token."""
+    """On a device: `specdrive engines build` for the device's profile (ENGINE_PROFILE, else
+    orin-fp16 on sm_87 and hopper-fp8 elsewhere), then the TensorRT backend: CUDA graphs against
+    eager and speculative against plain, token for token, budget off."""
+    from cuda.bindings import runtime as rt
+    props = rt.cudaGetDeviceProperties(0)[1]
+    name = os.environ.get("ENGINE_PROFILE") or ("orin-fp16" if props.major * 10 + props.minor == 87 else "hopper-fp8")
+    prof = load_profile(name)
     out = tmp_path / "engines"
-    r = subprocess.run([sys.executable, "-m", "tools.cli", "engines", "build", "--profile",
-                        "orin-fp16", "--checkpoint", str(SHIPPED), "--out", str(out)], cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "engines", "build", "--profile", name,
+                        "--checkpoint", str(SHIPPED), "--out", str(out)], cwd=ROOT)
     assert r.returncode == 0
-    plain = planner(out, spec=SpecConfig(k=0, adaptive=False))[0]
-    spec = planner(out, spec=SpecConfig(k=4, adaptive=True))[0]
-    eager = planner(out, eager=True, spec=SpecConfig(k=4, adaptive=True))[0]
+    cfg = load_planner_config(prof.planner)
+
+    def real(eager, spec):
+        be, tok = open_backend(ModelSource(engines=out, backend="tensorrt", eager=eager), cfg.max_len,
+                               k_max=cfg.spec.k_max)
+        return Planner(be, tok, dataclasses.replace(cfg, spec=spec, fallback="on_failure",
+                                                    budget=dataclasses.replace(cfg.budget, budget_ms=0.0)))
+    plain = real(False, SpecConfig(k=0, adaptive=False))
+    others = [real(False, SpecConfig(k=4, adaptive=True)), real(True, SpecConfig(k=4, adaptive=True))]
     for i in range(8):
         s = make_scene(100 + i, split="test")
         ref = plain.plan(s.images, s.history)
-        for p in (spec, eager):
+        for p in others:
             assert p.plan(s.images, s.history).reasoning_ids == ref.reasoning_ids, i
