@@ -22,7 +22,7 @@ from runtime.backend import Backend, check_readout, mask_rows, periodic_mask
 class GraphBackend(Backend):
     """Shapes, rotary tables, masks and the expert's host side over one exported meta.json."""
 
-    def _init_shapes(self, folder, meta: dict, max_len: int | None) -> None:
+    def init_shapes(self, folder, meta: dict, max_len: int | None) -> None:
         if max_len is not None and max_len != meta["max_len"]:
             raise ConfigError(f"{folder}: graphs were exported for max_len={meta['max_len']}, the "
                               f"planner asks for {max_len}; re-export or set max_len to match")
@@ -42,7 +42,7 @@ class GraphBackend(Backend):
                               "(cameras, frames, H, W, RGB)")
         return np.asarray(p["grid_thw"], np.int64), self.meta["vision"]["merge"]
 
-    def _patches(self, images: np.ndarray) -> np.ndarray:
+    def patches(self, images: np.ndarray) -> np.ndarray:
         v = self.meta["vision"]
         imgs = np.asarray(images).reshape(-1, *images.shape[-3:])        # camera-major
         patches, _ = images_to_patches(imgs, v["patch"], v["temporal_patch"], v["merge"])
@@ -52,36 +52,36 @@ class GraphBackend(Backend):
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
         self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
 
-    def _allowed(self, index0: int, n: int) -> np.ndarray:
+    def allowed_rows(self, index0: int, n: int) -> np.ndarray:
         """(n, V) bool mask rows of the tokens chosen at sequence indices index0 .. index0+n-1."""
         return self.allowed[mask_rows(self.mask_first, index0, n, len(self.allowed))]
 
     # --- rotary tables --------------------------------------------------------------------------
-    def _target_rope(self, positions):
+    def target_rope(self, positions):
         t = self.meta["target"]
         if t["mrope_section"] and np.asarray(positions).ndim == 2:
             positions = np.broadcast_to(positions, (3, *np.shape(positions)))
         return rope_tables(positions, t["head_dim"], t["rope_theta"], t["mrope_section"], t["interleaved"])
 
-    def _draft_rope(self, start: int, n: int, prompt_positions=None):
+    def draft_rope(self, start: int, n: int, prompt_positions=None):
         if self.meta["draft_rope"] == "mrope":
-            return self._target_rope(prompt_positions if prompt_positions is not None
+            return self.target_rope(prompt_positions if prompt_positions is not None
                                      else np.arange(start, start + n)[None] + self.delta)
         d = self.meta["draft_llm"]
         return rope_tables(np.arange(start, start + n)[None], d["head_dim"], d["rope_theta"])
 
     # --- checks ---------------------------------------------------------------------------------
-    def _readout(self, logits: np.ndarray, top: np.ndarray, readout: str) -> np.ndarray:
+    def pick_readout(self, logits: np.ndarray, top: np.ndarray, readout: str) -> np.ndarray:
         check_readout(readout)
         return top.astype(np.int64) if readout == "argmax" else logits.astype(np.float32)
 
-    def _check_rows(self, start: int, n: int) -> None:
+    def check_rows(self, start: int, n: int) -> None:
         if start < 0 or start + n > self.max_len:
             raise ValueError(f"{self.name} backend: rows [{start}, {start + n}) outside the cache "
                              f"[0, {self.max_len})")
 
     # --- the action expert's host side ----------------------------------------------------------
-    def _expert_inputs(self, rows: int, seed: int, samples: int, combine: str):
+    def expert_inputs(self, rows: int, seed: int, samples: int, combine: str):
         """Checked request -> (noise x (S, W, A) fp32, cos, sin (S, W, hd)): the draws start from
         the cycle's seed, the expert's queries sit at positions rows + delta + 0..W-1."""
         a, t = self.meta["action"], self.meta["target"]
@@ -97,7 +97,7 @@ class GraphBackend(Backend):
                                t["mrope_section"], t["interleaved"])
         return x, cos, sin
 
-    def _euler_times(self, steps: int | None, samples: int) -> np.ndarray:
+    def euler_times(self, steps: int | None, samples: int) -> np.ndarray:
         """(steps, S) fp32: t = i / steps of Euler step i (x <- x + v(x, t) / steps)."""
         steps = steps or self.meta["action"]["euler_steps"]
         return np.repeat((np.arange(steps) / steps).astype(np.float32)[:, None], samples, 1)

@@ -42,7 +42,7 @@ class OrtBackend(GraphBackend):
                  threads: int = 0):
         self.folder = Path(folder)
         check_meta(self.folder, meta)
-        self._init_shapes(folder, meta, max_len)
+        self.init_shapes(folder, meta, max_len)
         self.sessions = open_sessions(self.folder, meta, device, threads)
         t, d = meta["target"], meta["draft_llm"]
         self.cache = np.zeros((t["layers"], 2, 1, t["kv_heads"], self.max_len, t["head_dim"]), np.float32)
@@ -55,41 +55,41 @@ class OrtBackend(GraphBackend):
 
     # --- vision and prefill ------------------------------------------------------------------
     def vision(self, images: np.ndarray) -> None:
-        self.images = self._run("vision", patches=self._patches(images))
+        self.images = self._run("vision", patches=self.patches(images))
 
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)[None]
         T = ids.shape[1]
-        self._check_rows(0, T)
+        self.check_rows(0, T)
         if self.images is None:
             raise ValueError("onnxruntime backend: prefill needs vision(images) first")
         self.delta = int(inputs.rope_delta)
-        cos, sin = self._target_rope(np.asarray(inputs.positions)[:, None])
+        cos, sin = self.target_rope(np.asarray(inputs.positions)[:, None])
         embeds, deep = self.images
         logits, top, feats, kv = self._run("prefill", ids=ids, cos=cos, sin=sin, image_embeds=embeds,
-                                           deepstack=deep, allowed=self._allowed(1, T))
+                                           deepstack=deep, allowed=self.allowed_rows(1, T))
         self.cache[..., :T, :] = kv
         if self.fused:
             self.feats[:T] = feats[0]
-        dcos, dsin = self._draft_rope(0, T, np.asarray(inputs.positions)[:, None])
+        dcos, dsin = self.draft_rope(0, T, np.asarray(inputs.positions)[:, None])
         extra = {"feats": np.concatenate([np.zeros_like(feats[:, :1]), feats[:, :-1]], 1)} if self.fused else {}
         (dkv,) = self._run("draft_prefill", ids=ids, cos=dcos, sin=dsin, image_embeds=embeds, **extra)
         self.draft_cache[..., :T, :] = dkv
-        return self._readout(logits[0, -1:], top[0, -1:], readout)
+        return self.pick_readout(logits[0, -1:], top[0, -1:], readout)
 
     # --- draft, verify, action ---------------------------------------------------------------
     def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
         ids = np.asarray(tokens, np.int64)[None]
-        self._check_rows(start, ids.shape[1] + k - 1)
+        self.check_rows(start, ids.shape[1] + k - 1)
         out, graph = [], "draft_feed"
         feats = self._feed_features(start, ids.shape[1])
         for _ in range(k):
             n = ids.shape[1]
-            cos, sin = self._draft_rope(start, n)
+            cos, sin = self.draft_rope(start, n)
             extra = {} if feats is None else {"feats": feats}
             logits, top, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
                                                 start=np.array([start], np.int64),
-                                                allowed=self._allowed(start + 1, n), **extra)
+                                                allowed=self.allowed_rows(start + 1, n), **extra)
             self.draft_cache[..., start:start + n, :] = kv
             token = int(top[0, -1]) if pick is None else int(pick(logits[0, -1]))
             out.append(token)
@@ -101,20 +101,20 @@ class OrtBackend(GraphBackend):
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         ids = np.asarray(tokens, np.int64)[None]
         n = ids.shape[1]
-        self._check_rows(start, n)
+        self.check_rows(start, n)
         logits, top = self._step(ids, start)
-        return self._readout(logits[0], top[0], readout)
+        return self.pick_readout(logits[0], top[0], readout)
 
     def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
                steps: int | None = None, combine: str = "mean") -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
         if len(tokens):
-            self._check_rows(start, len(tokens))
+            self.check_rows(start, len(tokens))
             self._step(tokens[None], start)
         rows = start + len(tokens)
         context = np.ascontiguousarray(self.cache[..., :rows, :])
-        x, cos, sin = self._expert_inputs(rows, seed, samples, combine)
-        times = self._euler_times(steps, samples)
+        x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
+        times = self.euler_times(steps, samples)
         for t in times:                              # x <- x + dt v(x, t), t = i / steps
             (v,) = self._run("action_velocity", x=x, t=t, context=context, cos=cos, sin=sin)
             x = x + v / np.float32(len(times))
@@ -125,9 +125,9 @@ class OrtBackend(GraphBackend):
     def _step(self, ids: np.ndarray, start: int):
         """Target step over ids (1, n) at `start`: writes the rows' K/V (and features)."""
         n = ids.shape[1]
-        cos, sin = self._target_rope(np.arange(start, start + n)[None] + self.delta)
+        cos, sin = self.target_rope(np.arange(start, start + n)[None] + self.delta)
         logits, top, feats, kv = self._run("step", ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
-                                           start=np.array([start], np.int64), allowed=self._allowed(start + 1, n))
+                                           start=np.array([start], np.int64), allowed=self.allowed_rows(start + 1, n))
         self.cache[..., start:start + n, :] = kv
         if self.fused:
             self.feats[start:start + n] = feats[0]

@@ -238,7 +238,7 @@ class TensorRTBackend(GraphBackend):
                  k_max: int | None = None, eager: bool = False, libraries=None):
         trt, rt = libraries or import_libraries()
         self.folder = Path(folder)
-        self._init_shapes(folder, meta, max_len)
+        self.init_shapes(folder, meta, max_len)
         self.cuda = cuda = Cuda(rt)
         check_manifest(self.folder, meta, manifest, trt.__version__, device_sm(cuda), k_max)
         self.k_max = manifest["shapes"]["k_max"]
@@ -290,7 +290,7 @@ class TensorRTBackend(GraphBackend):
         host[:] = np.arange(self.max_len)
         self.cuda.h2d(self.arange, host, self.stream)
         if self.meta["draft_rope"] != "mrope":
-            self._upload_rope("d", self._draft_rope(0, self.max_len))
+            self._upload_rope("d", self.draft_rope(0, self.max_len))
         self.cuda("cudaStreamSynchronize", self.stream)
 
     def _upload_rope(self, prefix: str, tables) -> None:
@@ -303,7 +303,7 @@ class TensorRTBackend(GraphBackend):
     # --- vision and prefill -------------------------------------------------------------------
     def vision(self, images: np.ndarray) -> None:
         e = self.engines["vision"]
-        patches = self._patches(images)
+        patches = self.patches(images)
         host = self._staging("patches", patches.shape, np.float32)
         host[:] = patches
         self.cuda.h2d(e.buf["patches"], host, self.stream)
@@ -313,14 +313,14 @@ class TensorRTBackend(GraphBackend):
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)
         T, cuda, s = len(ids), self.cuda, self.stream
-        self._check_rows(0, T)
+        self.check_rows(0, T)
         if not self.has_images:
             raise ValueError("tensorrt backend: prefill needs vision(images) first")
         self.delta = int(inputs.rope_delta)
         e, v, dp = self.engines["prefill"], self.engines["vision"], self.engines["draft_prefill"]
         self.ids_host[:T] = ids
         cuda.h2d(e.buf["ids"], self.ids_host[:T], s)
-        cos, sin = self._target_rope(np.asarray(inputs.positions)[:, None])
+        cos, sin = self.target_rope(np.asarray(inputs.positions)[:, None])
         self._h2d_pair(e, cos, sin)
         self._mask_rows(e.buf["allowed"], 1, T)
         hd, F, V = self.meta["target"]["head_dim"], self.feat_dim, self.vocab_size
@@ -328,11 +328,11 @@ class TensorRTBackend(GraphBackend):
         out = {"feats": self.feats + F * 4} if self.fused else {}      # rows 0..T-1 at index 1..T
         e.run({"ids": (1, T), "cos": (1, T, hd), "sin": (1, T, hd), "allowed": (T, V)}, {**images, **out})
         self._write_rows("cache", e.buf["kv"], 0, T)
-        self._upload_rope("", self._target_rope(np.arange(self.max_len)[None] + self.delta))
+        self._upload_rope("", self.target_rope(np.arange(self.max_len)[None] + self.delta))
         dhd = self.meta["draft_llm"]["head_dim"]
         if self.meta["draft_rope"] == "mrope":
-            self._upload_rope("d", self._target_rope(np.arange(self.max_len)[None] + self.delta))
-            self._h2d_pair(dp, *self._draft_rope(0, T, np.asarray(inputs.positions)[:, None]))
+            self._upload_rope("d", self.target_rope(np.arange(self.max_len)[None] + self.delta))
+            self._h2d_pair(dp, *self.draft_rope(0, T, np.asarray(inputs.positions)[:, None]))
             drope = {}
         else:
             drope = {"cos": self.rope["dcos"], "sin": self.rope["dsin"]}   # FlatRoPE rows 0..T-1
@@ -358,7 +358,7 @@ class TensorRTBackend(GraphBackend):
     def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
         n0, cuda, s = len(tokens), self.cuda, self.stream
-        self._check_rows(start, n0 + k - 1)
+        self.check_rows(start, n0 + k - 1)
         if n0 + k > len(self.top_host):
             raise ValueError(f"tensorrt backend: {n0} fed + {k} proposals exceed {len(self.top_host)}")
         feed = self.engines["draft_feed"]
@@ -389,7 +389,7 @@ class TensorRTBackend(GraphBackend):
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
-        self._check_rows(start, len(tokens))
+        self.check_rows(start, len(tokens))
         self._step(tokens, start)
         return self._read(self.engines["step"], 0, len(tokens), readout)
 
@@ -397,7 +397,7 @@ class TensorRTBackend(GraphBackend):
                steps: int | None = None, combine: str = "mean") -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
         if len(tokens):
-            self._check_rows(start, len(tokens))
+            self.check_rows(start, len(tokens))
             self._step(tokens, start)
         rows = start + len(tokens)
         with self.action_lock:
@@ -494,8 +494,8 @@ class TensorRTBackend(GraphBackend):
         """The action expert on its own stream, after the last cache write (an event)."""
         cuda, s = self.cuda, self.action_stream
         vel, out = self.engines["action_velocity"], self.engines["action_output"]
-        x, cos, sin = self._expert_inputs(rows, seed, samples, combine)
-        times = self._euler_times(steps, samples)
+        x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
+        times = self.euler_times(steps, samples)
         blocks, hd = self.kv["cache"]
         cuda("cudaStreamWaitEvent", s, self.kv_ready, 0)
         cuda.blocks(vel.buf["context"], rows * hd * 4, self.cache, self.max_len * hd * 4, rows * hd * 4, blocks, s)

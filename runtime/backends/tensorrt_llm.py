@@ -180,8 +180,8 @@ class TrtLlmBackend(Backend):
         """MropeParams: cos and sin of every row (the prompt's M-RoPE positions, then row + delta)
         as one (1, max_len * 2 * head_dim) table, and the position delta."""
         e, T = self.engines, len(inputs.ids)
-        prompt = e._target_rope(np.asarray(inputs.positions)[:, None])
-        decode = e._target_rope(np.arange(T, self.max_len)[None] + int(inputs.rope_delta))
+        prompt = e.target_rope(np.asarray(inputs.positions)[:, None])
+        decode = e.target_rope(np.arange(T, self.max_len)[None] + int(inputs.rope_delta))
         cos = np.concatenate([prompt[0][0], decode[0][0]])
         sin = np.concatenate([prompt[1][0], decode[1][0]])
         table = np.concatenate([cos, sin], -1).reshape(1, -1).astype(np.float32)
