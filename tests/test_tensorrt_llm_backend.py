@@ -29,9 +29,11 @@ def engines(tmp_path_factory):
     ex.export_onnx(SHIPPED, out, "flat-standalone", ex.ExportConfig(max_len=prof.max_len, k_max=8,
                    samples=prof.trajectory_samples), progress=lambda *_: None)
     manifest = build_fake_engines(out)
-    for role in ("target", "draft"):
-        (out / "trtllm" / role).mkdir(parents=True)
-    manifest["tensorrt_llm"] = {"target": "trtllm/target", "draft": "trtllm/draft"}
+    for role in ("target", "draft"):                   # what trtllm/BUILD.sh leaves on a device
+        (out / "trtllm" / "engines" / role).mkdir(parents=True)
+        (out / "trtllm" / "engines" / role / "config.json").write_text("{}")
+    manifest["trtllm"] = {"release": "1.0.0rc4", "build_script": "trtllm/BUILD.sh",
+                          "checkpoints": {r: {"dir": f"trtllm/{r}"} for r in ("target", "draft")}}
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 
@@ -106,6 +108,15 @@ def test_only_exact_acceptance(engines, doubles):
         be.set_mask(np.ones((2, be.vocab_size), bool))
     with pytest.raises(ConfigError, match="token ids only"):
         be.verify(np.array([1]), 0, "logits")
+
+
+def test_unbuilt_tensorrt_llm_engines_are_refused_with_the_build_script(engines, doubles, tmp_path):
+    import shutil
+    e = tmp_path / "e"
+    shutil.copytree(engines, e)
+    shutil.rmtree(e / "trtllm" / "engines" / "draft")
+    with pytest.raises(ConfigError, match=r"no TensorRT-LLM engines for \['draft'\].*BUILD.sh"):
+        open_backend(ModelSource(engines=e, backend="tensorrt-llm"), 512)
 
 
 def test_without_tensorrt_llm_the_message_names_the_package(engines):

@@ -1,6 +1,6 @@
 """A test double of TensorRT-LLM's `ModelRunnerCpp` (from_dir, generate) for
 runtime/backends/tensorrt_llm.py: it checks each request against the documented arguments of
-`generate` (TensorRT-LLM 0.17+, tensorrt_llm/runtime/model_runner_cpp.py; docs "Speculative
+`generate` (TensorRT-LLM 1.0.0rc4, tensorrt_llm/runtime/model_runner_cpp.py; docs "Speculative
 Sampling: Draft-Target-Model") and answers it with the ONNX graphs of the engine's model run by
 ONNX Runtime over its own KV cache, as the real runner answers with its engine:
 
@@ -50,7 +50,7 @@ class FakeModelRunnerCpp:
 
     def __init__(self, engine_dir: Path, options: dict):
         self.role, self.options = engine_dir.name, options
-        folder = engine_dir.parents[1]
+        folder = engine_dir.parents[2]                   # FOLDER/trtllm/engines/ROLE
         self.meta = json.loads((folder / "meta.json").read_text())
         self.sessions = open_sessions(folder, self.meta, "cpu", 1)
         m = self.meta["target"] if self.role == "target" else self.meta["draft_llm"]

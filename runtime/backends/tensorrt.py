@@ -53,6 +53,9 @@ INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer`
            "and cuda-python for device memory and streams: `pip install 'cuda-python>=12'` (pycuda is "
            "not needed)")
 ACTION_GRAPHS = ("action_velocity", "action_output")
+# a graph's Q/DQ precision (meta.json, calibration/) -> the engine precision it must be built at;
+# fp32 graphs build at the profile's fp32 / fp16 / bf16
+QUANTIZED = {"int8": "int8", "int8_sq": "int8", "fp8": "fp8"}
 
 
 def import_libraries():
@@ -564,9 +567,10 @@ def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, s
             wrong.append(f"no engine for graph {g!r}")
         if manifest["graphs"].get(g, {}).get("sha256") != entry["sha256"]:
             wrong.append(f"graph {g!r}: the engine was built from another ONNX file than meta.json lists")
-        want = manifest["precision"].get(g)
-        if entry.get("precision") not in (None, want):
-            wrong.append(f"graph {g!r}: meta.json says {entry['precision']}, the manifest {want}")
+        got, want = entry.get("precision", "fp32"), manifest["precision"].get(g)
+        if got == "int4_awq" and not manifest.get("int4_awq") or \
+                got != "int4_awq" and QUANTIZED.get(got) != (want if want in ("int8", "fp8") else None):
+            wrong.append(f"graph {g!r}: meta.json says {got}, the manifest {want}")
     if manifest.get("onnx_meta_sha256") not in (None, file_sha256(folder / "meta.json")):
         wrong.append("meta.json is not the one the engines were built from")
     if wrong:

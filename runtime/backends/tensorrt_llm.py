@@ -29,9 +29,12 @@ pass over the reasoning per cycle, and the prompt is prefilled twice (once per e
 DeepStack features (Qwen3-VL) have no slot in the runner's request: targets with DeepStack need
 TensorRT-LLM's own Qwen3-VL support (not wired here).
 
+Engines: trtllm/engines/{target,draft} (trtllm/BUILD.sh builds them on the device from the
+checkpoints engines/trtllm.py writes; manifest "trtllm").
+
 Documentation followed: TensorRT-LLM `ModelRunnerCpp.from_dir` / `generate` (draft_tokens_list,
 prompt_table, mrope_params, bad_words_list, end_id, pad_id, return_dict, output_sequence_lengths;
-docs "Speculative Sampling: Draft-Target-Model", examples/draft_target_model), release 0.17+.
+docs "Speculative Sampling: Draft-Target-Model", examples/draft_target_model), release 1.0.0rc4 (engines/trtllm.py's TRTLLM_RELEASE).
 """
 from __future__ import annotations
 
@@ -67,10 +70,7 @@ class TrtLlmBackend(Backend):
                  k_max: int | None = None, eager: bool = False, libraries=None):
         from runtime.backends.tensorrt import TensorRTBackend
         Runner, self.MropeParams, self.torch = libraries or import_libraries()
-        llm = manifest.get("tensorrt_llm")
-        if not llm:
-            raise ConfigError(f"{folder}/manifest.json lists no TensorRT-LLM engines (key 'tensorrt_llm': "
-                              "{target: DIR, draft: DIR}); build them, or run --backend tensorrt")
+        dirs = engine_dirs(Path(folder), manifest)
         if meta["draft_features"] == "fused":
             raise ConfigError(f"{folder}: the draft reads the target's features (an EAGLE-style draft); "
                               "TensorRT-LLM's external-draft mode needs a standalone draft (export with "
@@ -80,8 +80,8 @@ class TrtLlmBackend(Backend):
         self.k_max = self.engines.k_max
         runner = dict(max_batch_size=1, max_input_len=self.max_len, max_output_len=self.k_max + 1,
                       kv_cache_enable_block_reuse=True, cuda_graph_mode=not eager)
-        self.target = Runner.from_dir(engine_dir=str(Path(folder) / llm["target"]), **runner)
-        self.drafter = Runner.from_dir(engine_dir=str(Path(folder) / llm["draft"]), **runner)
+        self.target = Runner.from_dir(engine_dir=str(dirs["target"]), **runner)
+        self.drafter = Runner.from_dir(engine_dir=str(dirs["draft"]), **runner)
         self.seq = np.zeros(self.max_len + self.k_max + 1, np.int32)    # the ids of every cache row
         self.prompt_len, self.proposed, self.cycle = 0, None, 0
         self.set_mask(None)
@@ -197,6 +197,25 @@ class TrtLlmBackend(Backend):
     def _rows(self, start: int, n: int) -> None:
         if start < 0 or start + n > self.max_len:
             raise ValueError(f"tensorrt-llm backend: rows [{start}, {start + n}) outside [0, {self.max_len})")
+
+
+def engine_dirs(folder: Path, manifest: dict) -> dict:
+    """{target, draft}: the engines trtllm/BUILD.sh builds from the checkpoints engines/trtllm.py
+    writes (manifest "trtllm"), at trtllm/engines/ROLE, each with trtllm-build's config.json."""
+    entry = manifest.get("trtllm")
+    if not entry:
+        raise ConfigError(f"{folder}/manifest.json has no TensorRT-LLM checkpoints (its profile {manifest.get('profile')!r} "
+                          "has trtllm disabled); use a Thor / Hopper profile, or --backend tensorrt")
+    dirs = {role: folder / "trtllm" / "engines" / role for role in ("target", "draft")}
+    missing = [r for r, d in dirs.items() if not (d / "config.json").is_file()]
+    if missing:
+        blockers = {r: c.get("cannot_build_at_release") for r, c in entry.get("checkpoints", {}).items()
+                    if c.get("cannot_build_at_release")}
+        raise ConfigError(f"{folder}: no TensorRT-LLM engines for {missing} (trtllm/engines/ROLE/config.json); "
+                          f"build them on the device: sh {folder / entry.get('build_script', 'trtllm/BUILD.sh')}"
+                          + (f" (the checkpoints say what blocks the build at TensorRT-LLM "
+                             f"{entry.get('release')}: {blockers})" if blockers else ""))
+    return dirs
 
 
 def create(engines: Path, meta: dict, tokenizer, manifest: dict, max_len: int | None = None,
