@@ -137,8 +137,7 @@ def test_host_device_traffic_per_step(engines, doubles):
     trt, cuda = doubles
     p, be = planner(engines, spec=SpecConfig(k=4, adaptive=False))
     s = make_scene(7, split="test")
-    r = p.plan(s.images, s.history)
-    start = len(r.reasoning_ids)          # rows of the last cycle's prompt and reasoning are valid
+    p.plan(s.images, s.history)
     for n in (1, 5, 5, 5, 9):
         cuda.log.clear(), cuda.bytes.clear()
         out = be.verify(np.arange(10, 10 + n), 300, "argmax")
@@ -153,7 +152,6 @@ def test_host_device_traffic_per_step(engines, doubles):
         assert props.shape == (k,)
         assert cuda.bytes["cudaMemcpyHostToDevice"] == 8 * fed and cuda.bytes["cudaMemcpyDeviceToHost"] == 8 * k
         assert cuda.log["malloc_device"] == cuda.log["malloc_host"] == 0
-    assert start >= 0
     be.close()
     assert cuda.live("device") == cuda.live("host") == 0 and not cuda.streams
 

@@ -45,7 +45,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
     p.add_argument("--split", default="test", help="split of the synthetic scenes or the dataset")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA, tensorrt backend)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of torch or onnxruntime (default 1: "
                    "steady on a shared CPU, see tools/threads.py; 0 = the library's default)")
     p.add_argument("--warmup", type=int, default=1, help="unlogged warm-up cycles on the first scene "

@@ -343,6 +343,7 @@ class TensorRTBackend(GraphBackend):
         shapes = {"ids": (1, T), "cos": (1, T, dhd), "sin": (1, T, dhd), **({"feats": (1, T, F)} if self.fused else {})}
         dp.run(shapes, {"ids": e.buf["ids"], "image_embeds": v.buf["image_embeds"], **drope, **feats})
         self._write_rows("draft_cache", dp.buf["kv"], 0, T)
+        cuda("cudaEventRecord", self.kv_ready, s)          # the fallback expert reads rows [0, T)
         return self._read(e, T - 1, 1, readout)
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
