@@ -17,7 +17,6 @@ import pytest
 
 from engines import build as eb
 from engines.profile import Shapes, load_profile
-from export import onnx as ex
 from prompt.config import ConfigError, file_sha256
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
@@ -57,12 +56,10 @@ def build_fake_engines(folder: Path, version: str = TRT) -> dict:
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    """The shipped checkpoint exported once (about a minute on 2 cores), engines "built" by the double."""
+def engines(tiny_onnx, tmp_path_factory):
+    """The session's export of the shipped checkpoint (tests/conftest.py), engines "built" by the double."""
     out = tmp_path_factory.mktemp("engines") / "tiny-trt"
-    prof = load_planner_config("cpu")
-    ex.export_onnx(SHIPPED, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
-                                                       samples=prof.trajectory_samples), progress=lambda *_: None)
+    shutil.copytree(tiny_onnx, out)
     build_fake_engines(out)
     return out
 
