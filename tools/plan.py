@@ -101,7 +101,7 @@ def run(args) -> int:
     if args.threads < 0:
         raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
     src = model_source(args)
-    backend, tok = open_backend(src, cfg.max_len, default_tokenizer)
+    backend, tok = open_backend(src, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
     args.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)
     with torch_threads(args.threads):

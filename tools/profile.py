@@ -103,7 +103,7 @@ def profile_here(args) -> dict:
     """Warm-up, then args.cycles recorded cycles; writes the outputs and returns the stats."""
     cfg = load_planner_config(args.profile)
     src = model_source(args)
-    backend, tok = open_backend(src, cfg.max_len, default_tokenizer)
+    backend, tok = open_backend(src, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
     planner = Planner(backend, tok, cfg)
     args.scenes, args.data, args.split = args.cycles, None, "test"
     rec, cycles = trace.Recorder(), []
