@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -46,6 +47,12 @@ METHODS = {"int8": ("max", "entropy"), "int8_sq": ("max", "entropy"), "fp8": ("m
 QUANT_TYPES = {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4,
                TensorProto.FLOAT8E4M3FN, TensorProto.INT16, TensorProto.UINT16}
 SQ_ALPHA = 0.5
+# what this file does to a graph: bump it when that changes, so files quantized before are redone
+QUANTIZER_VERSION = 2
+
+
+class NothingToQuantize(ConfigError):
+    """A graph with no MatMul the precision can take (e.g. INT4 on the all-Gemm vision tower)."""
 
 
 class Samples:
@@ -98,18 +105,72 @@ def quantize_graph(src: Path, dst: Path, samples: list[dict], precision: str, me
         if precision == "int8_sq":
             info["smoothed_matmuls"] = smooth_graph(model, samples, alpha)
         onnx.save(model, str(source))
-        raw = Path(tmp) / "quantized.onnx"
-        with quiet():
-            moq.quantize(str(source), quantize_mode=mode, calibration_data_reader=Samples(used),
-                         calibration_method=method, output_path=str(raw), high_precision_dtype="fp32",
-                         op_types_to_quantize=["MatMul"], calibration_eps=["cpu"], log_level="ERROR")
-        model = onnx.load(str(raw))
-    added = explicit_zero_points(model)
+        raw, excluded = Path(tmp) / "quantized.onnx", []
+        if precision == "int4_awq":     # ModelOpt 0.47's INT4 blocks on a Gemm (transposed weight)
+            excluded = [n.name for n in model.graph.node if n.op_type == "Gemm"]   # do not run: failing_matmul
+        limit = len(excluded) + MAX_EXCLUDED
+        while True:
+            with quiet():
+                moq.quantize(str(source), quantize_mode=mode, calibration_data_reader=Samples(used),
+                             calibration_method=method, output_path=str(raw), high_precision_dtype="fp32",
+                             op_types_to_quantize=["MatMul"],
+                             nodes_to_exclude=[f"^{re.escape(n)}$" for n in excluded],   # regexes
+                             calibration_eps=["cpu"], log_level="ERROR")
+            model = onnx.load(str(raw))
+            added = explicit_zero_points(model)
+            bad = failing_matmul(model, used[0])
+            if bad is None:
+                break
+            if bad in excluded or len(excluded) >= limit:
+                raise ConfigError(f"{src}: the {precision} graph does not run in ONNX Runtime even with "
+                                  f"{excluded} left in high precision (last failure at {bad!r})")
+            excluded.append(bad)
     check_zero_points(model)
-    onnx.save(model, str(dst))
     dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    if not dq:
+        raise NothingToQuantize(f"{Path(src).name}: nothing in it can be quantized to {precision} here"
+                                + (f" ({len(excluded)} MatMul/Gemm left out: {excluded[:3]}...)" if excluded else ""))
+    onnx.save(model, str(dst))
     return {"precision": precision, "method": method, "samples": len(used), "dequantize_nodes": len(dq),
-            "zero_points_added": added, **({"alpha": alpha} if precision == "int8_sq" else {}), **info}
+            "zero_points_added": added, "excluded": excluded,
+            **({"alpha": alpha} if precision == "int8_sq" else {}), **info}
+
+
+MAX_EXCLUDED = 8
+GEMMS = ("MatMul", "Gemm")     # ModelOpt's INT4 path also takes Gemm (the patch embedding)
+
+
+def failing_matmul(model: onnx.ModelProto, sample: dict) -> str | None:
+    """Run the quantized graph once in ONNX Runtime; None when it runs. A DequantizeLinear it
+    cannot run (ModelOpt 0.47's INT4 blocks on the vision tower's patch-embedding Gemm, whose
+    weight is transposed, get scales of the wrong shape) -> the name of the MatMul / Gemm it
+    feeds, to leave that one in high precision.
+    Any other failure is an error."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        sess.run(None, sample)
+        return None
+    except Exception as e:          # onnxruntime raises its own exception types
+        text = str(e)
+    found = re.search(r"Name:'([^']+)'", text)
+    nodes = {n.name: n for n in model.graph.node}
+    node = nodes.get(found.group(1)) if found else None
+    if node is None or node.op_type != "DequantizeLinear":
+        raise ConfigError(f"the quantized graph does not run in ONNX Runtime: {text[:400]}")
+    users, frontier = [], [node.output[0]]
+    for _ in range(4):              # DQ -> (Transpose / Reshape / Cast ...) -> MatMul or Gemm
+        nxt = [n for n in model.graph.node if set(frontier) & set(n.input)]
+        users += [n.name for n in nxt if n.op_type in GEMMS]
+        frontier = [o for n in nxt if n.op_type not in GEMMS for o in n.output]
+        if users or not frontier:
+            break
+    if not users:
+        raise ConfigError(f"the quantized graph does not run in ONNX Runtime at {node.name!r}: {text[:400]}")
+    return users[0]
 
 
 @contextlib.contextmanager

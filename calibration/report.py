@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from calibration.quantize import NothingToQuantize
 from calibration.variants import GROUPS, TARGET, graphs_of, quantize_folder, select
 from prompt.config import ConfigError
 
@@ -138,8 +139,18 @@ def accuracy_report(folder: Path, meta: dict, tokenizer, cfg, calib, precisions,
             need.setdefault((g, v.precision), True)
     progress(f"calibrate report: {len(todo)} variants x {scenes} {SPLIT} scenes; "
              f"quantizing {len(need)} graph/precision pairs first")
-    entries = {p: quantize_folder(folder, meta, calib, {g: q for g, q in need if q == p}, method, progress)
-               for p in dict.fromkeys(p for _, p in need)}
+    entries, skipped = {p: {} for _, p in need}, {}
+    for g, p in need:
+        try:
+            entries[p].update(quantize_folder(folder, meta, calib, {g: p}, method, progress))
+        except NothingToQuantize as e:
+            skipped[(g, p)] = str(e)
+    dropped = {v.name: "; ".join(skipped[(g, v.precision)] for g in v.graphs if (g, v.precision) in skipped)
+               for v in todo}
+    todo = [v for v in todo if not dropped[v.name]]
+    dropped = {k: why for k, why in dropped.items() if why}
+    for name, why in dropped.items():
+        progress(f"  variant {name!r} left out: {why}")
     held = heldout_scenes(scenes, seed)
     results, ref, t0 = {}, None, time.perf_counter()
     for v in tqdm(todo, desc="calibrate report: variants"):
@@ -155,7 +166,7 @@ def accuracy_report(folder: Path, meta: dict, tokenizer, cfg, calib, precisions,
             "calibration_sha256": calib.sha256, "calibration_scenes": len(calib.scenes),
             "planner": {"k": cfg.spec.k, "adaptive": False,
                         "max_len": cfg.max_len, "decoding": "greedy", "budget": "off"},
-            "seconds": round(time.perf_counter() - t0, 1), "variants": results,
+            "seconds": round(time.perf_counter() - t0, 1), "variants": results, "left_out": dropped,
             "verdicts": verdicts(results)}
 
 
@@ -171,7 +182,8 @@ def verdicts(results: dict) -> list[str]:
             out.append(line + ": within the goal (tau 3%, ADE 5%).")
             continue
         missed = [w for w, ok in (("tau", r["tau_ok"]), ("ADE", r["ade_ok"])) if not ok]
-        singles = {k.split(" only ")[1]: s for k, s in results.items() if k.startswith(f"{name} only ")}
+        singles = {k.split(" only ")[1]: s for k, s in results.items()
+                   if k.startswith(f"{name} only ") and set(s["graphs"]) <= set(r["graphs"])}
         worst = sorted(singles.items(), key=lambda kv: -_badness(kv[1]))
         blame = (f"; one graph at a time, {worst[0][0]} moves it most (tau {worst[0][1]['tau_change']:+.1%}, "
                  f"ADE {_pct(worst[0][1]['ade_change'])})") if worst else ""
@@ -213,6 +225,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {', '.join(r['graphs']) or '-'} | {r['tau']:.3f} | {r['cause_acc']:.0%} | "
                      f"{r['decision_acc']:.0%} | {_num(r['ade'])} | {_frac(r.get('differs_from_fp32'))} | "
                      f"{_num(r.get('trajectory_diff_max_m'))} | {goal} |")
+    lines += [f"| {name} | left out: {why} | | | | | | | |" for name, why in report.get("left_out", {}).items()]
     lines += ["", "## Verdicts", ""] + [f"- {v}" for v in report["verdicts"]] + [""]
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from calibration.quantize import PRECISIONS, quantize_graph, quantized_types
+from calibration.quantize import PRECISIONS, QUANTIZER_VERSION, quantize_graph, quantized_types
 from prompt.config import ConfigError, file_sha256
 
 TARGET = ("prefill", "step")
@@ -66,7 +66,8 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, pr
         how = method(precision) if callable(method) else method
         rel = f"quant/{precision}/{graph}.onnx"
         key = f"{precision}/{graph}"
-        want = {"source_sha256": src["sha256"], "calibration_sha256": calib.sha256, "asked": how}
+        want = {"source_sha256": src["sha256"], "calibration_sha256": calib.sha256, "asked": how,
+                "quantizer": [QUANTIZER_VERSION, tool_version()]}
         dst = folder / rel
         done = index.get(key)
         if done and all(done.get(k) == v for k, v in want.items()) and dst.is_file() \
@@ -86,8 +87,17 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, pr
                      f"{info['dequantize_nodes']} DequantizeLinear) in {info['seconds']} s")
         out[graph] = {**src, "file": rel, "sha256": info["sha256"], "precision": precision,
                       "quantization": {k: info[k] for k in ("method", "samples", "calibration_sha256",
-                                                            "source_sha256", "holds") if k in info}}
+                                                            "source_sha256", "holds", "excluded",
+                                                            "quantizer") if k in info}}
     return out
+
+
+def tool_version() -> str | None:
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("nvidia-modelopt")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def select(meta: dict, entries: dict) -> dict:

@@ -108,6 +108,18 @@ def test_meta_switches_to_the_quantized_graphs_and_keeps_fp32(calibrated):
         calibrate_folder(folder, meta, PLAN, load_planner_config("cpu"), prompts=1)
 
 
+def test_quantized_files_are_reused_until_the_quantizer_changes(calibrated, monkeypatch, tmp_path):
+    from calibration import variants
+    fp32, folder = calibrated[1], tmp_path / "copy"
+    shutil.copytree(calibrated[0], folder)
+    calib, said = load(folder / "calibration"), []
+    first = variants.quantize_folder(folder, fp32, calib, {"step": "int8"}, progress=said.append)
+    assert said == [] and first["step"]["file"] == "quant/int8/step.onnx"       # made by the fixture
+    monkeypatch.setattr(variants, "QUANTIZER_VERSION", variants.QUANTIZER_VERSION + 1)
+    variants.quantize_folder(folder, fp32, calib, {"step": "int8"}, progress=said.append)
+    assert len(said) == 1 and said[0].strip().startswith("quantized step -> int8")
+
+
 def test_every_dequantize_has_an_explicit_zero_point(calibrated):
     folder = calibrated[0]
     for f in sorted((folder / "quant").rglob("*.onnx")):
@@ -136,6 +148,34 @@ def test_explicit_zero_points_are_added_where_missing():
     assert zp.data_type == TensorProto.INT8 and list(zp.dims) == []
     assert np.array_equal(session(None, m).run(None, x)[0], before)
     assert np.allclose(before, [[-101.5, 131.5]], atol=0.1)    # 0.5 * x @ w (ORT may quantize x on the fly)
+
+
+def test_a_dequantize_onnx_runtime_cannot_run_names_its_matmul():
+    """ModelOpt's INT4 blocks came out with scales of the wrong shape on a transposed Gemm; such a
+    node is found by running the graph once, and the MatMul/Gemm it feeds is named."""
+    w = numpy_helper.from_array(np.ones((4, 2), np.int8), "w")
+    bad_scale = numpy_helper.from_array(np.ones((1, 2), np.float32), "s")      # blocks of 2 need (2, 2)
+    zp = numpy_helper.from_array(np.zeros((1, 2), np.int8), "zp")
+    nodes = [helper.make_node("DequantizeLinear", ["w", "s", "zp"], ["wf"], name="dq", axis=0, block_size=2),
+             helper.make_node("Transpose", ["wf"], ["wt"], perm=[1, 0]),
+             helper.make_node("Transpose", ["wt"], ["wf2"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "wf2"], ["y"], name="the_linear")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], [w, bad_scale, zp])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    x = {"x": np.ones((1, 4), np.float32)}
+    assert cq.failing_matmul(m, x) == "the_linear"
+    m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones((2, 2), np.float32), "s"))
+    m.graph.initializer[2].CopyFrom(numpy_helper.from_array(np.zeros((2, 2), np.int8), "zp"))
+    assert cq.failing_matmul(m, x) is None
+
+
+def test_int4_on_the_all_gemm_vision_tower_is_refused_not_faked(calibrated, tmp_path):
+    folder, fp32, _, _ = calibrated
+    samples = load(folder / "calibration").samples("vision")[:2]
+    with pytest.raises(cq.NothingToQuantize, match="nothing in it can be quantized to int4_awq"):
+        cq.quantize_graph(folder / fp32["graphs"]["vision"]["file"], tmp_path / "v.onnx", samples, "int4_awq")
+    assert not (tmp_path / "v.onnx").exists()
 
 
 def ort_planner(folder, k, adaptive=False):
