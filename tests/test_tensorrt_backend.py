@@ -110,6 +110,19 @@ def test_speculative_equals_plain_and_the_onnxruntime_backend(engines, doubles):
     assert cuda.log["graph_launch"] > 0 and cuda.log["graph_instantiate"] <= 5 * 9 + 9
 
 
+def test_sampling_reads_the_same_logits_as_the_onnxruntime_backend(engines, doubles):
+    """Sampled decoding (the "logits" readout: masked logits back to the host, the loop samples):
+    with the same seed, the TensorRT backend's reasoning is the onnxruntime backend's, token for
+    token, on the same graphs; k = 4 speculative sampling and plain sampling both."""
+    for k in (0, 4):
+        spec = SpecConfig(decoding="sample", k=k, adaptive=False, seed=3)
+        trt_p, ort_p = planner(engines, spec=spec)[0], planner(engines, backend=None, spec=spec)[0]
+        for i in range(3):
+            s = make_scene(300 + i, split="test")
+            a, b = trt_p.plan(s.images, s.history), ort_p.plan(s.images, s.history)
+            assert a.reasoning_ids and a.reasoning_ids == b.reasoning_ids, (k, i)
+
+
 def test_cuda_graphs_equal_eager_and_are_captured_once_per_width(engines, doubles):
     """eager=True (no graphs) gives the same tokens; with graphs, each verify width is captured
     once (after an eager run at that width) and replayed after."""
