@@ -2,7 +2,6 @@
 PyTorch reference, the unchanged loop on the graphs (speculative = plain, token for token), the
 same buffers bound across steps, the lean runtime (no torch), and every refusal."""
 import json
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -19,6 +18,7 @@ from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig
 from runtime.planner import Planner
 from scenes.world import make_scene
+from tests.folders import copy_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "tiny"
@@ -175,12 +175,6 @@ def test_a_command_that_needs_torch_says_so_without_it(tmp_path):
             f"main(['export', 'onnx', '--checkpoint', {str(SHIPPED)!r}, '--out', {str(tmp_path / 'e')!r}])")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "needs 'torch'" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
-
-
-def copy_of(engines, tmp_path):
-    dst = tmp_path / "e"
-    shutil.copytree(engines, dst)
-    return dst
 
 
 @pytest.mark.parametrize("how,word", [

@@ -22,6 +22,7 @@ from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner
 from scenes.world import make_scene
+from tests.folders import copy_of
 from tests.trt_doubles import ContractError, FakeCudaRuntime, FakeTensorRT, build_engine, install
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,12 +287,6 @@ def test_copies_out_of_bounds_or_of_the_wrong_kind_raise(doubles):
 
 
 # --- the manifest: engines that do not match this runtime are refused, naming the difference ---------
-
-def copy_of(engines, tmp_path):
-    dst = tmp_path / "e"
-    shutil.copytree(engines, dst)
-    return dst
-
 
 @pytest.mark.parametrize("how,word", [
     ("sm", "built for sm_87, this GPU is sm_90"),
