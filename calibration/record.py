@@ -125,8 +125,8 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
         raise ConfigError(f"per_scene={per_scene}: at least one call per graph and scene")
 
     class Recorder(OrtBackend):
-        """The ONNX Runtime backend, keeping a copy of every graph call's inputs."""
-        calls: dict = {}
+        """The ONNX Runtime backend, keeping a copy of every graph call's inputs (this scene's)."""
+        calls: dict
 
         def _run(self, graph, **inputs):
             kept = {}
@@ -141,6 +141,7 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
     from calibration.report import offline_config
 
     backend = Recorder(folder, meta, "cpu", planner_cfg.max_len, threads)
+    backend.calls = {}
     planners = [Planner(backend, tokenizer, offline_config(planner_cfg)),
                 Planner(backend, tokenizer, offline_config(planner_cfg, planner_cfg.spec.k_max))]
     out = CalibrationSet(max_len=backend.max_len)

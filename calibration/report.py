@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from calibration.quantize import NothingToQuantize
-from calibration.variants import GROUPS, TARGET, graphs_of, quantize_folder, select
+from calibration.variants import graphs_of, quantize_folder, select
 from prompt.config import ConfigError
 
 GOAL = {"tau": 0.03, "ade": 0.05}       # relative to fp32
@@ -268,5 +268,3 @@ def plot(report: dict, path: Path) -> Path | None:
     plt.close(fig)
     return path
 
-
-__all__ = ["accuracy_report", "write_report", "variants", "offline_config", "GROUPS", "TARGET"]
