@@ -51,6 +51,15 @@ SQ_ALPHA = 0.5
 QUANTIZER_VERSION = 2
 
 
+def modelopt_version() -> str | None:
+    """The installed nvidia-modelopt (None without it): recorded with what it quantized."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("nvidia-modelopt")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 class NothingToQuantize(ConfigError):
     """A graph with no MatMul the precision can take (e.g. INT4 on the all-Gemm vision tower)."""
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import importlib.metadata
 
 import numpy as np
 import torch
@@ -41,13 +40,6 @@ def scenes_sha256(scenes: list[CalibrationScene]) -> str:
         h.update(np.ascontiguousarray(s.images).tobytes())
         h.update(np.ascontiguousarray(s.history, np.float32).tobytes())
     return h.hexdigest()
-
-
-def modelopt_version() -> str | None:
-    try:
-        return importlib.metadata.version("nvidia-modelopt")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def fp8_amax(cfg, target, expert, draft, tokenizer, scenes: list[CalibrationScene], planner_cfg,

@@ -17,7 +17,8 @@ import json
 import time
 from pathlib import Path
 
-from calibration.quantize import PRECISIONS, QUANTIZER_VERSION, quantize_graph, quantized_types
+from calibration.quantize import (PRECISIONS, QUANTIZER_VERSION, modelopt_version, quantize_graph,
+                                  quantized_types)
 from prompt.config import ConfigError, file_sha256
 
 TARGET = ("prefill", "step")
@@ -67,7 +68,7 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, pr
         rel = f"quant/{precision}/{graph}.onnx"
         key = f"{precision}/{graph}"
         want = {"source_sha256": src["sha256"], "calibration_sha256": calib.sha256, "asked": how,
-                "quantizer": [QUANTIZER_VERSION, tool_version()]}
+                "quantizer": [QUANTIZER_VERSION, modelopt_version()]}
         dst = folder / rel
         done = index.get(key)
         if done and all(done.get(k) == v for k, v in want.items()) and dst.is_file() \
@@ -90,14 +91,6 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, pr
                                                             "source_sha256", "holds", "excluded",
                                                             "quantizer") if k in info}}
     return out
-
-
-def tool_version() -> str | None:
-    import importlib.metadata
-    try:
-        return importlib.metadata.version("nvidia-modelopt")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def select(meta: dict, entries: dict) -> dict:

@@ -335,7 +335,8 @@ def standalone_draft(checkpoint: Path) -> Path:
 
 def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) -> dict:
     """Calibrate (FP8 profiles), write both checkpoints and BUILD.sh into `out` -> manifest entry."""
-    from calibration.torch_quant import calibration_set, fp8_amax, modelopt_version
+    from calibration.quantize import modelopt_version
+    from calibration.torch_quant import calibration_set, fp8_amax
     from prompt.vocab import Tokenizer
 
     checkpoint = Path(checkpoint)
