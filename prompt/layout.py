@@ -1,7 +1,8 @@
 """The prompt layout, as Alpamayo-R1 lays it out (chat template, images, ego history, CoC, future).
 
 Two layouts share this contract, chosen by the tokenizer (`tok.layout`):
-  "specdrive"  the closed word vocabulary's layout below (checkpoints/tiny was trained on it);
+  "specdrive"  specdrive's layout below, over the closed word vocabulary (prompt/vocab.py,
+               checkpoints/tiny was trained on it) or specdrive's BPE (prompt/bpe.py);
   "alpamayo"   Alpamayo-R1's own chat template over a Hugging Face tokenizer
                (prompt/hf_tokenizer.py), built by `alpamayo_prompt` below.
 `tok.conditioning` (Conditioning) says how the action expert is conditioned in that layout.
@@ -10,7 +11,7 @@ Two layouts share this contract, chosen by the tokenizer (`tok.layout`):
       (<|vision_start|> <|image_pad|> x n_i <|vision_end|>)   for each camera image
       <|traj_history_start|> 48 history tokens <|traj_history_end|>
     <|im_end|> <|im_start|> assistant <|cot_start|>          <- inference prompt ends here
-      CoC words <|cot_end|>
+      CoC tokens <|cot_end|>
       <|traj_future_start|> 128 future tokens <|traj_future_end|> <|im_end|>   (token-output mode)
 
 `ids[:reasoning_start]` is what the planner prefills; training sees the whole sequence.
@@ -26,7 +27,7 @@ from prompt.trajectory import (DT, V0_ESTIMATORS, future_tokens, history_tokens,
                                v0_least_squares)
 
 SEG_TEXT, SEG_VISION, SEG_HISTORY, SEG_COC, SEG_FUTURE = 0, 1, 2, 3, 4
-ROUTINE, COMMITMENT = 1, 2  # values of Prompt.coc_kind for CoC word tokens (0 elsewhere)
+ROUTINE, COMMITMENT = 1, 2  # values of Prompt.coc_kind for CoC tokens (0 elsewhere)
 
 
 EXPERT_ROWS = ("cot_end", "traj_future_start")
@@ -89,14 +90,17 @@ def build_prompt(tok, image_tokens, history, coc: str | None = None, future=None
     image_tokens: vision tokens per image after the 2x2 merge (e.g. [24] * 8);
     history: (16, 3) ego poses; coc: CoC words (training) or None (inference);
     future: (64, 2|3) waypoints for token-output training, or None;
-    coc_routine: per CoC word, True when routine (follows from the history).
+    coc_routine: per CoC word (coc.split(" ")), True when routine (follows from the history);
+    with a subword tokenizer every token of a word gets that word's flag (Prompt.coc_kind).
     """
     if tok.layout == "alpamayo":
         if coc is not None or future is not None:
             raise ValueError("the Alpamayo-R1 layout builds inference prompts only (no CoC, no future)")
         return alpamayo_prompt(tok, image_tokens, history)
+    subword = getattr(tok, "subword", False)     # prompt.bpe.BpeTokenizer: a word may be several tokens
+    word = (lambda w: tok.encode(w)) if subword else (lambda w: [tok.id(w)])   # noqa: E731
     b = _Builder()
-    b.add([tok.im_start, tok.id("user")], SEG_TEXT)
+    b.add([tok.im_start, *word("user")], SEG_TEXT)
     spans = []
     for n in image_tokens:
         b.add([tok.vision_start], SEG_TEXT)
@@ -105,14 +109,19 @@ def build_prompt(tok, image_tokens, history, coc: str | None = None, future=None
         b.add([tok.vision_end], SEG_TEXT)
     b.add([tok.traj_history_start], SEG_TEXT)
     b.add(history_tokens(tok, history), SEG_HISTORY)
-    b.add([tok.traj_history_end, tok.im_end, tok.im_start, tok.id("assistant"), tok.cot_start], SEG_TEXT)
+    b.add([tok.traj_history_end, tok.im_end, tok.im_start, *word("assistant"), tok.cot_start], SEG_TEXT)
     reasoning_start = len(b.ids)
     if coc is not None:
-        words = tok.encode(coc)
-        if coc_routine is not None and len(coc_routine) != len(words):
-            raise ValueError(f"coc_routine has {len(coc_routine)} flags for {len(words)} CoC words")
-        kind = [ROUTINE if r else COMMITMENT for r in coc_routine] if coc_routine is not None else None
-        b.add(words, SEG_COC, kind)
+        ids = tok.encode(coc)
+        n_words = len(coc.split(" ")) if subword else len(ids)
+        if coc_routine is not None and len(coc_routine) != n_words:
+            raise ValueError(f"coc_routine has {len(coc_routine)} flags for {n_words} CoC words")
+        kind = None
+        if coc_routine is not None:
+            flags = [ROUTINE if r else COMMITMENT for r in coc_routine]
+            # subword: each token takes its word's flag (a word split in several tokens gives each one)
+            kind = [flags[w] for w in tok.word_index(ids)] if subword else flags
+        b.add(ids, SEG_COC, kind)
         b.add([tok.cot_end], SEG_TEXT)
         if future is not None:
             b.add([tok.traj_future_start], SEG_TEXT)
