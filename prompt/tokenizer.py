@@ -18,10 +18,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
-from prompt.vocab import FORMAT, Tokenizer
+from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
+from prompt.vocab import FORMAT, SPECIAL, Tokenizer
 
+N_FIXED = len(SPECIAL) + HIST_BINS + FUT_X_BINS + FUT_Y_BINS
 EXPECTED = (f"a specdrive word-level tokenizer (\"format\": {FORMAT!r}), a specdrive BPE tokenizer.json "
-            "(Hugging Face, added tokens <|pad|>.. <hist_0>.. <fx_0>.. <fy_0>.. at ids 0..909) or a released "
+            f"(Hugging Face, added tokens <|pad|>.. <hist_0>.. <fx_0>.. <fy_0>.. at ids 0..{N_FIXED - 1}) or a released "
             "Alpamayo-R1 tokenizer.json (Hugging Face model + added_tokens, with the release config.json beside it)")
 
 
