@@ -337,10 +337,10 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
     """Calibrate (FP8 profiles), write both checkpoints and BUILD.sh into `out` -> manifest entry."""
     from calibration.quantize import modelopt_version
     from calibration.torch_quant import calibration_set, fp8_amax
-    from prompt.vocab import Tokenizer
+    from prompt.tokenizer import load_tokenizer
 
     checkpoint = Path(checkpoint)
-    tok = Tokenizer.load(checkpoint / "tokenizer.json")
+    tok = load_tokenizer(checkpoint)
     draft_dir = standalone_draft(checkpoint)
     cfg, target, expert, draft = io.load_models({**io.scan(checkpoint)[0], "draft": draft_dir}, tok)
     fp8 = {"target": profile.precision.step == "fp8", "draft": profile.precision.draft_chain == "fp8"}

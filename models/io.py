@@ -40,6 +40,7 @@ from models.draft import Draft
 from models.names import CheckpointError, check_names  # noqa: F401  (re-exported: io.CheckpointError)
 from models.target import Target
 from prompt.config import ConfigError, from_dict, to_dict
+from prompt.tokenizer import load_tokenizer
 from prompt.vocab import Tokenizer
 
 FORMAT = "specdrive-checkpoint"
@@ -347,6 +348,6 @@ def load_planner(folder) -> tuple[Tokenizer, config_module.ModelConfig, Target, 
     """Tokenizer, config, target and expert of a trained planner folder (eval mode); its drafts
     are `scan(folder)[1]`, loaded with `load_draft`."""
     folder = Path(folder)
-    tok = Tokenizer.load(folder / "tokenizer.json")
+    tok = load_tokenizer(folder)
     cfg, target, expert, _ = load_models(scan(folder)[0], tok)
     return tok, cfg, target, expert

@@ -115,7 +115,7 @@ class PlannerConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     checks: CheckConfig = field(default_factory=CheckConfig)
-    max_reasoning_tokens: int = 64   # CoC tokens after <|cot_start|> (Alpamayo-R1 allows 256)
+    max_reasoning_tokens: int = 96   # CoC tokens after <|cot_start|> (Alpamayo-R1 allows 256)
     trajectory: str = "expert"       # expert: action expert on the KV cache; tokens: 128 tokens
     fallback: str = "worker"         # the prefill trajectory: worker | inline | on_failure (FALLBACKS)
     trajectory_samples: int = 1      # expert draws per trajectory, combined by trajectory_combine

@@ -12,10 +12,14 @@ import numpy as np
 from prompt.config import ConfigError, check_choice
 
 DT = 0.1                         # s, 10 Hz everywhere
-T_START = -2.0                   # s, the simulation starts 0.5 s before the history for warm-up
 HIST_POSES, FUT_WAYPOINTS = 16, 64
-N_STEPS = round((FUT_WAYPOINTS * DT - T_START) / DT) + 1      # 85 poses: t = -2.0 .. 6.4
-T0_INDEX = round(-T_START / DT)                               # index of t0 in the time grid
+DRIVE_SECONDS = 8.0              # default drive: cycles at t = -4.0 .. 3.9 s around the scenario's t0
+MAX_DRIVE_SECONDS = 12.0         # the time grid holds a drive of up to this many seconds
+# the simulation starts 0.5 s before the first cycle's history (warm-up) and ends with the last
+# cycle's 6.4 s future: t = -8.0 .. 12.4 s, 205 poses
+T_START = -MAX_DRIVE_SECONDS / 2 - (HIST_POSES - 1) * DT - 0.5
+N_STEPS = round((MAX_DRIVE_SECONDS / 2 + FUT_WAYPOINTS * DT - T_START) / DT) + 1
+T0_INDEX = round(-T_START / DT)                               # index of t = 0 (the scenario's t0)
 TIMES = T_START + DT * np.arange(N_STEPS)
 FRAME_OFFSETS = (5, 0)           # camera frames at t0 - 0.5 s and t0 (steps before t0)
 

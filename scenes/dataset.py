@@ -21,12 +21,12 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from scenes.config import (CAMERAS, DECISIONS, DT, FAMILIES, FRAME_OFFSETS, LIMITS, SPLIT_FRACTIONS, SPLITS,
-                           UNSEEN_FAMILY, ConfigError, check_families)
+from scenes.config import (CAMERAS, DECISIONS, DRIVE_SECONDS, DT, FAMILIES, FRAME_OFFSETS, LIMITS,
+                           MAX_DRIVE_SECONDS, SPLIT_FRACTIONS, SPLITS, UNSEEN_FAMILY, ConfigError, check_families)
 from scenes.render import IMAGE_H, IMAGE_W
-from scenes.world import Scene, make_scene, pick_family
+from scenes.world import Drive, Scene, make_drive, make_scene, pick_family
 
-FORMAT = "specdrive-scenes-v1"
+FORMAT = "specdrive-scenes-v2"     # world v2: snapshots are cycles of drives; the v2 language
 MAX_AGENTS = 16                  # agent_poses is padded with NaN to this many agents (ids fit int8)
 _progress = None                 # worker-side queue for the parent's progress bar
 
@@ -162,7 +162,8 @@ def _arrays(scenes) -> dict:
 
 def _labels(s: Scene) -> dict:
     return {"seed": s.seed, "family": s.family, "cause": s.cause, "decision": s.decision, "coc": s.coc,
-            "coc_routine": s.coc_routine, "routine_variant": s.routine_variant, "unseen_family": s.unseen_family,
+            "coc_routine": s.coc_routine, "cause_kind": s.cause_kind, "cause_facts": s.cause_facts,
+            "cycle": s.cycle, "time": s.time, "unseen_family": s.unseen_family,
             "agents": s.agents, "roads": s.roads, "paint": s.paint}
 
 
@@ -176,7 +177,7 @@ class SceneDataset:
         if not (root / "manifest.json").is_file():
             raise ConfigError(f"{str(root)!r} has no manifest.json; make a dataset with `specdrive scenes generate`")
         self.root, self.split = root, split
-        self.manifest = json.loads((root / "manifest.json").read_text())
+        self.manifest = read_manifest(root)
         if split not in self.manifest["splits"]:
             raise ConfigError(f"split={split!r} is not in {str(root)!r}; it has {', '.join(self.manifest['splits'])}")
         self.shards = self.manifest["splits"][split]["shards"]
@@ -201,7 +202,8 @@ class SceneDataset:
         return Scene(f.get_slice("history")[row], f.get_slice("future")[row], labels["coc"], labels["coc_routine"],
                      labels["family"], labels["cause"], labels["decision"], labels["agents"],
                      f.get_slice("agent_poses")[row][:count], split=self.split, seed=labels["seed"],
-                     routine_variant=labels["routine_variant"], unseen_family=labels["unseen_family"],
+                     cause_kind=labels["cause_kind"], cause_facts=labels["cause_facts"], cycle=labels["cycle"],
+                     time=labels["time"], unseen_family=labels["unseen_family"],
                      roads=labels["roads"], paint=labels["paint"],
                      images=f.get_slice("images")[row] if "images" in names else None,
                      ids=f.get_slice("ids")[row].astype(np.int16) if "ids" in names else None)
@@ -217,6 +219,173 @@ class SceneDataset:
         return self._arrays[k]
 
 
+def read_manifest(root: Path) -> dict:
+    """manifest.json of a dataset of this world version, or a ConfigError saying what it is."""
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{root / 'manifest.json'} is not readable JSON ({e}); regenerate it with "
+                          "`specdrive scenes generate`") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ConfigError(f"{root} holds scenes of format {got!r}; this specdrive reads {FORMAT!r} "
+                          "(world v2): regenerate it with `specdrive scenes generate`")
+    return manifest
+
+
 def load(root, split: str = "train") -> SceneDataset:
     """The scenes of one split of a generated dataset (indexable, iterable)."""
     return SceneDataset(root, split)
+
+
+# ---------------------------------------------------------------- drives
+
+DRIVE_FORMAT = "specdrive-drives-v2"
+
+
+@dataclass(frozen=True)
+class DriveConfig:
+    out: str
+    drives: int
+    seconds: float = DRIVE_SECONDS
+    seed: int = 0
+    split: str | None = None      # None: drives spread over the splits like scenes; else all in one
+    families: tuple = FAMILIES
+    workers: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.drives, int) or self.drives <= 0:
+            raise ConfigError(f"drives={self.drives!r} must be a positive number of drives")
+        if not 0.1 <= float(self.seconds) <= MAX_DRIVE_SECONDS:
+            raise ConfigError(f"seconds={self.seconds!r}: a drive lasts 0.1 .. {MAX_DRIVE_SECONDS} s")
+        if self.workers < 1:
+            raise ConfigError(f"workers={self.workers!r} must be at least 1")
+        if not 0 <= self.seed < 2 ** 32:
+            raise ConfigError(f"seed={self.seed!r} is out of range; allowed [0, 2**32)")
+        if self.split is not None and self.split not in SPLITS:
+            raise ConfigError(f"split={self.split!r} unknown; allowed: {', '.join(SPLITS)}")
+        object.__setattr__(self, "families", check_families(self.families))
+
+
+def generate_drives(cfg: DriveConfig, progress: bool = True) -> dict:
+    """Write drive shards (one drive per shard) and manifest.json; the same seed gives the same bytes.
+    Drive i of a split has the seed of scene i of that split, so snapshot i is one of its cycles."""
+    out = Path(cfg.out)
+    counts = {cfg.split: cfg.drives} if cfg.split else split_counts(cfg.drives, cfg.families)
+    jobs = [(cfg, split, i) for split, count in counts.items() for i in range(count)]
+    for split in counts:
+        (out / split).mkdir(parents=True, exist_ok=True)
+        for old in (out / split).glob("drive-*"):
+            if re.fullmatch(r"drive-\d{5}\.(safetensors|json)", old.name):
+                old.unlink()
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), desc="drives", unit="drive", disable=not progress)
+    if cfg.workers == 1:
+        results = []
+        for job in jobs:
+            results.append(_write_drive(job))
+            bar.update(1)
+    else:
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        with ctx.Pool(cfg.workers) as pool:
+            results = []
+            for r in pool.imap(_write_drive, jobs):
+                results.append(r)
+                bar.update(1)
+    bar.close()
+    manifest = {"format": DRIVE_FORMAT, "seed": cfg.seed, "drives": cfg.drives, "seconds": float(cfg.seconds),
+                "families": list(cfg.families), "image_shape": [IMAGE_H, IMAGE_W],
+                "cameras": [c.name for c in CAMERAS], "frame_times_s": [round(-k * DT, 3) for k in FRAME_OFFSETS],
+                "dt_s": DT, "splits": {}}
+    for split, count in counts.items():
+        manifest["splits"][split] = {"count": count, "drives": [r for r in results if r["split"] == split]}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def _write_drive(job) -> dict:
+    cfg, split, i = job
+    seed = scene_seed(cfg.seed, split, i)
+    drive = make_drive(seed, pick_family(seed, split, cfg.families), split, float(cfg.seconds))
+    name = f"{split}/drive-{i:05d}"
+    steps = drive.steps
+    frame_steps = np.array(sorted({int(n) - k for n in steps for k in FRAME_OFFSETS}), dtype=np.int32)
+    where = {int(n): j for j, n in enumerate(frame_steps)}
+    images = np.zeros((len(frame_steps), *drive.cycles[0].images.shape[:1], *drive.cycles[0].images.shape[2:]),
+                      dtype=np.uint8)
+    ids = np.zeros(images.shape[:-1], dtype=np.int8)
+    for scene, n in zip(drive.cycles, steps):
+        for f, k in enumerate(FRAME_OFFSETS):
+            images[where[int(n) - k]] = scene.images[:, f]
+            ids[where[int(n) - k]] = scene.ids[:, f]
+    arrays = {"images": images, "ids": ids, "frame_steps": frame_steps, "steps": steps.astype(np.int32),
+              "ego_world": drive.ego_world, **{k: v for k, v in _arrays(
+                  [_no_pixels(s) for s in drive.cycles]).items()}}
+    save_file(arrays, str(Path(cfg.out) / f"{name}.safetensors"), metadata={"format": DRIVE_FORMAT})
+    text = {"format": DRIVE_FORMAT, "split": split, "index": i, "seed": seed, "family": drive.family,
+            "seconds": drive.seconds, "cycles": [_labels(s) for s in drive.cycles]}
+    (Path(cfg.out) / f"{name}.json").write_text(json.dumps(text, sort_keys=True, separators=(",", ":")) + "\n")
+    return {"split": split, "file": name, "family": drive.family, "cycles": len(drive.cycles), "seed": seed}
+
+
+def _no_pixels(scene: Scene) -> Scene:
+    from dataclasses import replace
+
+    return replace(scene, images=None, ids=None)
+
+
+class DriveDataset:
+    """Drives of one split: `ds[i]` is a Drive whose cycles carry their camera frames."""
+
+    def __init__(self, root, split: str):
+        root = Path(root)
+        if not (root / "manifest.json").is_file():
+            raise ConfigError(f"{str(root)!r} has no manifest.json; make drives with "
+                              "`specdrive scenes generate --drives N`")
+        manifest = json.loads((root / "manifest.json").read_text())
+        if manifest.get("format") != DRIVE_FORMAT:
+            raise ConfigError(f"{root} holds {manifest.get('format')!r}, not drives of this world version "
+                              f"({DRIVE_FORMAT!r}): regenerate with `specdrive scenes generate --drives N`")
+        if split not in manifest["splits"]:
+            raise ConfigError(f"split={split!r} is not in {str(root)!r}; it has {', '.join(manifest['splits'])}")
+        self.root, self.split, self.manifest = root, split, manifest
+        self.entries = manifest["splits"][split]["drives"]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i: int) -> Drive:
+        if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self):
+            raise IndexError(f"drive {i!r} is out of range for split {self.split!r}; allowed 0..{len(self) - 1}")
+        file = self.root / self.entries[i]["file"]
+        try:
+            labels = json.loads(file.with_suffix(".json").read_text())
+            with safe_open(str(file.with_suffix(".safetensors")), framework="numpy") as f:
+                arrays = {k: f.get_tensor(k) for k in f.keys()}
+                fmt = (f.metadata() or {}).get("format")
+        except Exception as e:           # truncated or foreign files: say which and what to do
+            raise ConfigError(f"drive shard {file} is unreadable ({type(e).__name__}: {e}); "
+                              "regenerate it with `specdrive scenes generate --drives N`") from None
+        if fmt != DRIVE_FORMAT or labels.get("format") != DRIVE_FORMAT:
+            raise ConfigError(f"drive shard {file} is of format {fmt or labels.get('format')!r}; "
+                              f"this specdrive reads {DRIVE_FORMAT!r}")
+        where = {int(n): j for j, n in enumerate(arrays["frame_steps"])}
+        cycles = []
+        for c, (lab, n) in enumerate(zip(labels["cycles"], arrays["steps"])):
+            count = int(arrays["agent_count"][c])
+            frames = [where[int(n) - k] for k in FRAME_OFFSETS]
+            cycles.append(Scene(arrays["history"][c], arrays["future"][c], lab["coc"], lab["coc_routine"],
+                                lab["family"], lab["cause"], lab["decision"], lab["agents"],
+                                arrays["agent_poses"][c][:count], split=self.split, seed=lab["seed"],
+                                cause_kind=lab["cause_kind"], cause_facts=lab["cause_facts"], cycle=lab["cycle"],
+                                time=lab["time"], unseen_family=lab["unseen_family"], roads=lab["roads"],
+                                paint=lab["paint"], images=np.stack([arrays["images"][j] for j in frames], axis=1),
+                                ids=np.stack([arrays["ids"][j] for j in frames], axis=1).astype(np.int16)))
+        return Drive(labels["seed"], self.split, labels["family"], labels["seconds"], cycles,
+                     arrays["ego_world"], arrays["steps"])
+
+
+def load_drives(root, split: str = "test") -> DriveDataset:
+    """The drives of one split of a `scenes generate --drives` directory."""
+    return DriveDataset(root, split)

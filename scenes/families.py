@@ -18,7 +18,7 @@ from scenes.config import LANE_WIDTH, N_STEPS, T_START
 from scenes.geometry import SHOULDER, Path, Road, smoothstep
 
 ROAD_X0 = -60.0                  # road chains start here; the ego path starts at x = 0
-PATH_LENGTH = 240.0
+PATH_LENGTH = 480.0              # covers a drive's whole time grid at the heldout split's 19 m/s
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Scenario:
 
 
 def straight_road(lanes: int = 1) -> Road:
-    return Road((ROAD_X0, 0.0, 0.0), [(400.0, 0.0)], lanes=lanes)
+    return Road((ROAD_X0, 0.0, 0.0), [(700.0, 0.0)], lanes=lanes)
 
 
 def ego_path(road: Road, offset) -> Path:
@@ -91,7 +91,7 @@ def add_background(rng, scen: Scenario, road: Road, n: int, x0: float, keep_clea
             placed.append(x)
         else:
             v = rng.uniform(7.0, 14.0)
-            s0 = x - ROAD_X0 + 2.0 * v + rng.uniform(20.0, 60.0)
+            s0 = x - ROAD_X0 - T_START * v + rng.uniform(20.0, 60.0)
             scen.agents.append(along("car", road, s0, np.full(N_STEPS, v), offset=LANE_WIDTH / 2,
                                      reverse=True, role="oncoming"))
 
@@ -164,7 +164,7 @@ def curve(rng, ranges) -> Scenario:
     side = 1.0 if rng.random() < 0.5 else -1.0
     radius, angle = rng.uniform(35.0, 90.0), np.radians(rng.uniform(15.0, 40.0))
     x_start = t0_x(v_init) + rng.uniform(-15.0, 35.0) + 5.0 * rng.uniform(*ranges.event_delay)
-    road = Road((ROAD_X0, 0.0, 0.0), [(x_start - ROAD_X0, 0.0), (radius * angle, side / radius), (300.0, 0.0)])
+    road = Road((ROAD_X0, 0.0, 0.0), [(x_start - ROAD_X0, 0.0), (radius * angle, side / radius), (600.0, 0.0)])
     scen = Scenario("curve", [road], ego_path(road, -LANE_WIDTH / 2), v_init, cruise)
     add_background(rng, scen, road, rng.integers(ranges.density[0], ranges.density[1] + 1), t0_x(v_init))
     scen.facts = {"side": "left" if side > 0 else "right"}
@@ -182,10 +182,10 @@ def turn(rng, ranges) -> Scenario:
     hw = LANE_WIDTH
     main = Road((ROAD_X0, 0.0, 0.0), [(x_j + hw + SHOULDER - ROAD_X0, 0.0)])
     sign = 1.0 if left else -1.0
-    cross = Road((x_j, -sign * (hw + SHOULDER), sign * np.pi / 2), [(200.0, 0.0)])
+    cross = Road((x_j, -sign * (hw + SHOULDER), sign * np.pi / 2), [(500.0, 0.0)])
     lane_x = x_j + sign * hw / 2                         # the cross road's lane for our direction
     x_a = lane_x - radius
-    chain = Road((0.0, -hw / 2, 0.0), [(x_a, 0.0), (radius * np.pi / 2, sign / radius), (200.0, 0.0)])
+    chain = Road((0.0, -hw / 2, 0.0), [(x_a, 0.0), (radius * np.pi / 2, sign / radius), (500.0, 0.0)])
     path = Path.along(chain, 0.0, PATH_LENGTH)
     scen = Scenario("turn", [main, cross], path, v_init, cruise)
     scen.plan = "turn_left" if left else "turn_right"

@@ -1,5 +1,6 @@
-"""One picture of a scene: the 4 cameras at both frames, the t0 id images, a bird's-eye view with
-history, expert future, agents and lanes, and the CoC with routine and commitment words apart."""
+"""Pictures of the world: one scene (the 4 cameras at both frames, the id images, a bird's-eye view
+with history, expert future, agents and lanes, and the CoC with routine and commitment words
+apart), and a drive as an animated GIF (cameras, bird's-eye view and the CoC of every cycle)."""
 from __future__ import annotations
 
 import matplotlib
@@ -84,8 +85,8 @@ def _bev(ax, scene) -> None:
     ax.set_ylim(yc - half_y, yc + half_y)
     ax.set_aspect("equal")
     ax.legend(loc="upper left", fontsize=8)
-    ax.set_title(f"bird's-eye view (ego frame at t0)   family: {scene.family}   decision: {scene.decision}"
-                 f"   cause: {_cause_name(scene)}   split: {scene.split}", fontsize=9)
+    ax.set_title(f"bird's-eye view (ego frame at t)   family: {scene.family}   cause: {scene.cause_kind} "
+                 f"({_cause_name(scene)})   decision: {scene.decision}   split: {scene.split}", fontsize=9)
 
 
 def _cause_name(scene) -> str:
@@ -111,3 +112,37 @@ def _coc(ax, scene, fontsize: float = 10.0) -> None:
     share = sum(scene.coc_routine) / len(scene.coc_routine)
     ax.text(0.0, 0.05, f"routine (from the history) {share:.0%}   commitment (needs the cameras) {1 - share:.0%}",
             fontsize=8, color="0.35", transform=ax.transAxes)
+
+
+def draw_drive(drive, out_path, every: int = 1, progress: bool = True) -> int:
+    """An animated GIF of a drive: per cycle the 4 cameras at t, the bird's-eye view and the CoC.
+    Returns the number of frames written (one per `every` cycles, 10 / every frames a second)."""
+    from PIL import Image
+    from tqdm import tqdm
+
+    if every < 1:
+        raise ValueError(f"every={every!r} must be at least 1")
+    cycles = drive.cycles[::every]
+    if not cycles or cycles[0].images is None:
+        raise ValueError("this drive has no images; generate it with rendering on")
+    frames = []
+    for scene in tqdm(cycles, desc="gif", unit="frame", disable=not progress):
+        fig = plt.figure(figsize=(10, 6.2), dpi=72)
+        grid = fig.add_gridspec(3, 4, height_ratios=[1, 2.2, 0.7], hspace=0.2, wspace=0.03,
+                                left=0.03, right=0.98, top=0.9, bottom=0.02)
+        for c, cam in enumerate(CAMERAS):
+            ax = fig.add_subplot(grid[0, c])
+            ax.imshow(scene.images[c, -1], interpolation="nearest")
+            ax.set_title(cam.name, fontsize=8)
+            ax.axis("off")
+        _bev(fig.add_subplot(grid[1, :]), scene)
+        _coc(fig.add_subplot(grid[2, :]), scene, fontsize=8.5)
+        fig.suptitle(f"drive seed {drive.seed} ({drive.family}, {drive.split})   cycle {scene.cycle}   "
+                     f"t = {scene.time:+.1f} s", fontsize=10, y=0.99)
+        fig.canvas.draw()
+        frames.append(Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3]).convert(
+            "P", palette=Image.Palette.ADAPTIVE, colors=128))
+        plt.close(fig)
+    frames[0].save(out_path, save_all=True, append_images=frames[1:], duration=100 * every, loop=0,
+                   optimize=True)
+    return len(frames)

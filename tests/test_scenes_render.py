@@ -26,15 +26,20 @@ def test_images_and_ids_have_the_documented_shapes(scenes):
     assert all(not np.array_equal(s.images[:, 0], s.images[:, 1]) for s in moving), "the two frames are equal"
 
 
-def test_every_named_cause_is_visible_at_t0(scenes):
+def test_every_named_cause_is_visible_at_its_cycle(scenes):
+    named = 0
     for s in scenes:
         if s.family in NO_CAUSE:
             assert s.cause is None, f"{s.family} names cause {s.cause}"
             continue
-        assert s.cause is not None, f"{s.family} seed {s.seed} has no cause"
+        if s.cause is None:              # not visible (or not ahead) at this cycle: the road is clear
+            assert s.cause_kind == "free_cruise", (s.family, s.seed, s.cause_kind)
+            continue
+        named += 1
         pixels = int((s.ids[:, 1] == s.cause).sum())
         assert pixels >= MIN_VISIBLE_PIXELS, (f"{s.family} seed {s.seed}: cause {s.agents[s.cause]['kind']} "
-                                             f"covers {pixels} pixels at t0, fewer than {MIN_VISIBLE_PIXELS}")
+                                             f"covers {pixels} pixels at t, fewer than {MIN_VISIBLE_PIXELS}")
+    assert named >= len(scenes) // 3, f"only {named} of {len(scenes)} snapshots name an agent as the cause"
 
 
 def _allowed_colours(kind: str) -> set:

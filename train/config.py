@@ -104,7 +104,7 @@ class DistillConfig:
     run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/distill-tiny"))
     drafts: tuple[str, ...] = ("flat", "mrope", "flat-standalone")
     seeds: tuple[int, ...] = (0,)
-    max_new_tokens: int = 48       # greedy reasoning budget when caching the target's CoC
+    max_new_tokens: int = 96       # greedy reasoning budget when caching the target's CoC
     gen_batch: int = 16            # scenes per batched greedy generation
     kl_weight: float = 1.0         # KL(target || draft) over the next-token distribution
     feature_weight: float = 0.1    # EAGLE-style smooth-L1 to the target's top hidden (fused drafts)
@@ -132,7 +132,7 @@ class AARLConfig:
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/aarl-tiny", lr=2e-5))
     group: int = 4                 # rollouts per scene (group-relative advantages)
-    max_new_tokens: int = 48
+    max_new_tokens: int = 96
     temperature: float = 1.0       # rollout sampling temperature of the draft
     action_weight: float = 1.0     # reward: -(ADE / ade_scale) - collision penalty
     accept_weight: float = 1.0     # reward: fraction of rollout tokens the target would choose
@@ -182,7 +182,7 @@ class EvalConfig:
     data: DataConfig = field(default_factory=lambda: DataConfig(split="test", max_scenes=100))
     splits: tuple[str, ...] = ("test", "heldout", "unseen")
     k: int = 8
-    max_new_tokens: int = 64
+    max_new_tokens: int = 96
     batch: int = 16
     threads: int = 0
     out: str = "runs/eval-tiny/metrics.json"

@@ -28,7 +28,6 @@ from prompt.layout import COMMITMENT, build_prompt
 from prompt.pixels import images_to_patches
 from prompt.positions import mrope_position_ids
 from scenes import dataset
-from train.metrics import cause_phrases, cause_words
 
 
 @dataclass
@@ -166,11 +165,10 @@ def sample_rng(seed: int, step: int, index: int) -> torch.Generator:
 
 
 def fact_key(scene) -> str:
-    """What a scene teaches about the world: its family, the facts its cause phrase states and
-    the decision label. Wording is left out (the grammar variant is a coin flip): the cause is
-    the first of its equivalent phrases in sort order."""
-    canonical = min(cause_phrases(scene.family, cause_words(scene), getattr(scene, "routine_variant", 0)))
-    return " ".join([scene.family, *canonical, "->", scene.decision])
+    """What a scene teaches about the world: its family, the cause its commitment names (kind and
+    facts, not the wording: the paraphrase is drawn at random) and the decision label."""
+    facts = [f"{k}={v}" for k, v in sorted(scene.cause_facts.items())]
+    return " ".join([scene.family, scene.cause_kind, *facts, "->", scene.decision])
 
 
 def balance_weights(keys, power: float) -> np.ndarray | None:

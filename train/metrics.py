@@ -1,7 +1,7 @@
 """The numbers of MODEL_CARD.md, as small pure functions over one scene's outputs.
 
     commitment_correct(words, scene)   the CoC's commitment names the scene's cause and decision
-    routine_length(words)              words up to the 4th top-level "," (the routine part)
+    routine_length(words)              leading words that are routine clauses
     ade(pred, future)                  mean L2 over the 64 waypoints (x, y)
     constant_velocity(v0)              (64, 2) straight line at v0 (the baseline)
     greedy_tau(accepts, first, end, k) tokens per target forward of the greedy speculative loop
@@ -13,8 +13,7 @@ import numpy as np
 from scenes.config import EGO_LENGTH, EGO_WIDTH
 from scenes.geometry import boxes_overlap
 # grading against a scene's labels lives with the scenes (calibration's report uses it too)
-from scenes.grade import (FACT_OPTIONS, ROUTINE_COMMAS, ade, cause_phrases, cause_words,  # noqa: F401
-                          commitment_correct, routine_length, split_commitment)
+from scenes.grade import ade, cause_words, commitment_correct, routine_length  # noqa: F401
 
 
 def constant_velocity(v0: float, n: int = 64, dt: float = 0.1) -> np.ndarray:

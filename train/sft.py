@@ -29,11 +29,11 @@ from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.target import Target
 from prompt.config import to_dict
-from prompt.vocab import Tokenizer
+from prompt.tokenizer import load_tokenizer
 from train import data, dist, loop
 from train.config import SFTConfig
 from train.vision import load_into_target
-from train.vocab import build_tokenizer
+from train.vocab import build_tokenizer, dataset_corpus
 
 
 def build_models(preset: str, tok, seed: int) -> tuple[ModelConfig, Target, ActionExpert]:
@@ -136,15 +136,16 @@ def save_target(folder, cfg: ModelConfig, target: Target, expert: ActionExpert, 
     io.save(folder / "expert", {"expert": expert}, cfg, {"kind": "expert", **extra})
 
 
-def run_tokenizer(out: Path, world) -> Tokenizer:
-    """The run's tokenizer: built from the CoC grammar at the first start and saved in the run
-    folder (by rank 0), then always reloaded from there (a resumed run keeps its vocabulary)."""
+def run_tokenizer(out: Path, world, data_dir=None):
+    """The run's tokenizer: BPE trained on the dataset's train-split CoCs (or the language's
+    corpus without a dataset) at the first start and saved in the run folder (by rank 0), then
+    always reloaded from there (a resumed run keeps its vocabulary)."""
     path = out / "tokenizer.json"
     if world.main and not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        build_tokenizer().save(path)
+        build_tokenizer(dataset_corpus(data_dir) if data_dir is not None else None).save(path)
     dist.barrier(world)
-    return Tokenizer.load(path)
+    return load_tokenizer(out)
 
 
 def run(cfg: SFTConfig) -> Path:
@@ -153,7 +154,7 @@ def run(cfg: SFTConfig) -> Path:
         torch.set_num_threads(cfg.run.threads)
     world = dist.init()
     out = Path(cfg.run.out)
-    tok = run_tokenizer(out, world)
+    tok = run_tokenizer(out, world, cfg.data.dir)
     model_cfg, target, expert = build_models(cfg.preset, tok, cfg.run.seed)
     if cfg.init_vision:
         load_into_target(target, cfg.init_vision)
