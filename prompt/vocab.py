@@ -69,6 +69,7 @@ class Tokenizer(VocabMasks):
         self.fut_x_ids = range(self.hist_ids.stop, self.hist_ids.stop + FUT_X_BINS)
         self.fut_y_ids = range(self.fut_x_ids.stop, self.fut_x_ids.stop + FUT_Y_BINS)
         self.word_ids = range(self.fut_y_ids.stop, self.fut_y_ids.stop + len(words))
+        self.text_ids = self.word_ids     # the ids text is written in (BpeTokenizer has the same name)
         self.words = words
         self.conditioning = conditioning or Conditioning()
         self._id = {t: i for i, t in enumerate(SPECIAL)}

@@ -72,7 +72,7 @@ def test_the_fixed_scene_score_draws_the_same_rollouts_for_every_draft(tmp_path)
     one = aarl.score_draft(draft, target, expert, items, tok, acfg)
     assert one == aarl.score_draft(draft, target, expert, items, tok, acfg)
     assert one["scenes"] == 2 and one["action_reward"] == pytest.approx(-one["ade"] / 2.0 - one["collision"])
-    with torch.no_grad():
-        for p in draft.layers.parameters():
-            p.add_(torch.randn_like(p))
+    with torch.no_grad():      # the draft's own weights (not the target's shared embedding and head)
+        for p in [*draft.layers.parameters(), *draft.fc.parameters(), *draft.in_proj.parameters()]:
+            p.add_(3.0 * torch.randn_like(p))
     assert aarl.score_draft(draft, target, expert, items, tok, acfg) != one   # other rollouts, other scores

@@ -34,7 +34,7 @@ def test_chain_passes_equal_the_drafting_chain(micro, variant):
     for p in draft.parameters():
         p.data += 0.05 * torch.randn_like(p)
     B, T, first, P = 2, 24, 14, 4
-    ids = torch.randint(tok.word_ids.start, len(tok), (B, T))
+    ids = torch.randint(tok.text_ids.start, len(tok), (B, T))
     feats = shift_features(torch.randn(B, T, 3 * cfg.target.llm.hidden))
     pos = torch.arange(T)[None].expand(B, T)
     cos, sin = draft.rope(pos if variant == "flat" else pos[None].expand(3, B, T))

@@ -73,30 +73,29 @@ def test_a_tower_of_another_preset_or_a_missing_file_is_refused(root, tmp_path):
 
 
 class _Scene:
-    def __init__(self, coc, family, decision, variant):
-        self.coc, self.family, self.decision, self.routine_variant = coc, family, decision, variant
+    def __init__(self, family, kind, facts, decision):
+        self.family, self.cause_kind, self.cause_facts, self.decision = family, kind, facts, decision
 
 
-ROUTINE = "ego is driving at 9 m/s , holding speed , going straight , covering 12 m ,"
+ROUTINE = "ego is driving at 9.2 m/s , holding a steady speed , going straight , covering 12.0 m ,"
 
 
-def test_the_commitment_metric_accepts_either_grammar_variant_of_the_same_facts():
-    scene = _Scene(f"{ROUTINE} a van is ahead , so follow it", "follow", "follow", 0)
+def test_the_commitment_metric_reads_any_paraphrase_of_the_same_facts():
+    scene = _Scene("follow", "follow", {"noun": "van"}, "follow")
     said = lambda text: (ROUTINE + " " + text).split()   # noqa: E731
-    assert metrics.commitment_correct(said("a van is ahead , so follow it"), scene) == (True, True)
-    assert metrics.commitment_correct(said("a van leads the lane , so keep the gap"), scene) == (True, True)
-    assert metrics.commitment_correct(said("a car leads the lane , so keep the gap"), scene) == (False, True)
-    assert metrics.commitment_correct(said("a van is ahead , so slow down"), scene) == (True, False)
-    light = _Scene(f"{ROUTINE} the light ahead is yellow , so slow down", "traffic_light", "slow_down", 1)
-    assert metrics.commitment_correct(said("the light ahead is red , so slow down"), light) == (False, True)
-    assert metrics.cause_phrases("traffic_light", "the light ahead is yellow".split(), 1) == [
-        "the light ahead is yellow".split()]
+    assert metrics.commitment_correct(said("a van is 12.5 m ahead , so follow it"), scene) == (True, True)
+    assert metrics.commitment_correct(said("a van leads 3.0 m ahead , so keep the gap"), scene) == (True, True)
+    assert metrics.commitment_correct(said("a car leads 3.0 m ahead , so keep the gap"), scene) == (False, True)
+    assert metrics.commitment_correct(said("a van is 12.5 m ahead , so slow down"), scene) == (True, False)
+    light = _Scene("traffic_light", "light", {"light": "yellow"}, "slow_down")
+    assert metrics.commitment_correct(said("the signal ahead shows yellow , so ease off"), light) == (True, True)
+    assert metrics.commitment_correct(said("the traffic light ahead is red , so slow down"), light) == (False, True)
 
 
 def test_vision_labels_are_the_cause_words_and_the_decision():
     from scenes.config import DECISIONS
 
-    scenes = [_Scene(f"{ROUTINE} the road turns left ahead , so turn left", "turn", "turn_left", 0)]
+    scenes = [_Scene("turn", "turn", {"side": "left"}, "turn_left")]
     assert vision.cause_words(scenes[0]) == "the road turns left ahead".split()
     index = {w: i for i, w in enumerate(["ahead", "left", "right", "road", "the", "turns"])}
     hot, dec = vision.labels(scenes, index, DECISIONS)
@@ -104,16 +103,14 @@ def test_vision_labels_are_the_cause_words_and_the_decision():
     assert np.asarray(hot).dtype == np.float32
 
 
-def test_the_fact_key_ignores_wording_and_keeps_the_facts():
-    key = lambda text, fam, dec, var=0: data.fact_key(_Scene(f"{ROUTINE} {text}", fam, dec, var))  # noqa: E731
-    assert key("a van is ahead , so follow it", "follow", "follow") == \
-        key("a van leads the lane , so keep the gap", "follow", "follow", 1)
-    assert key("a van is ahead , so follow it", "follow", "follow") != \
-        key("a car is ahead , so follow it", "follow", "follow")
-    yellow = key("the light ahead is yellow , so slow down", "traffic_light", "slow_down", 1)
-    assert yellow == key("the light ahead is yellow , so ease off", "traffic_light", "slow_down", 1)
-    assert yellow != key("the light ahead is red , so slow down", "traffic_light", "slow_down", 1)
-    assert yellow != key("the light ahead is yellow , so stop", "traffic_light", "stop", 1)
+def test_the_fact_key_keeps_the_facts_and_ignores_nothing_else():
+    key = lambda fam, kind, facts, dec: data.fact_key(_Scene(fam, kind, facts, dec))  # noqa: E731
+    assert key("follow", "follow", {"noun": "van"}, "follow") == key("follow", "follow", {"noun": "van"}, "follow")
+    assert key("follow", "follow", {"noun": "van"}, "follow") != key("follow", "follow", {"noun": "car"}, "follow")
+    yellow = key("traffic_light", "light", {"light": "yellow"}, "slow_down")
+    assert yellow != key("traffic_light", "light", {"light": "red"}, "slow_down")
+    assert yellow != key("traffic_light", "light", {"light": "yellow"}, "stop")
+    assert yellow != key("lead_braking", "light", {"light": "yellow"}, "slow_down")
 
 
 def test_balanced_batches_draw_rare_facts_more_and_split_across_ranks():

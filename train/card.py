@@ -55,12 +55,28 @@ def family_table(splits: dict) -> list[str]:
 
 
 def draft_table(splits: dict) -> list[str]:
-    rows = ["| split | draft | tau (k=8) | tau routine | tau commitment | attn history | attn vision |",
-            "|" + "---|" * 7]
+    rows = ["| split | draft | tau k=4 | tau k=8 | tau k=16 | tau routine / commitment (k=8) | alpha routine | "
+            "alpha commitment | free-running length (at cap) | attn history | attn vision |", "|" + "---|" * 11]
     for name, s in splits.items():
         for d, n in s["drafts"].items():
-            rows.append(f"| {name} | {d} | {n['tau']:.2f} | {n['tau_routine']:.2f} | {n['tau_commitment']:.2f} | "
+            rows.append(f"| {name} | {d} | {n['tau_k4']:.2f} | {n['tau_k8']:.2f} | {n['tau_k16']:.2f} | "
+                        f"{n['tau_routine']:.2f} / {n['tau_commitment']:.2f} | {n['alpha_routine']:.1%} | "
+                        f"{n['alpha_commitment']:.1%} | {n['free_running']:.2f} ({n['free_running_capped']:.0%}) | "
                         f"{n['attn_history']:.3f} | {n['attn_vision']:.3f} |")
+    return rows
+
+
+def alpha_family_table(splits: dict, split: str = "test") -> list[str]:
+    """Per-token acceptance alpha of each draft by scene family on one split."""
+    drafts = splits.get(split, {}).get("drafts", {})
+    names = [d for d, n in drafts.items() if n.get("alpha_families")]
+    if not names:
+        return []
+    fams = sorted({f for d in names for f in drafts[d]["alpha_families"]})
+    rows = ["| family | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for f in fams:
+        rows.append(f"| {f} | " + " | ".join(f"{drafts[d]['alpha_families'][f]:.1%}"
+                                           if f in drafts[d]["alpha_families"] else "-" for d in names) + " |")
     return rows
 
 
@@ -145,35 +161,38 @@ def vision_lines(folder) -> list[str]:
     if val.is_file():
         v = json.loads(val.read_text())
         line += (f"; on {v['scenes']} val scenes the probe names the exact cause-word set on {v['cause']:.1%} "
-                 f"(a coin-flip grammar variant caps follow / free_cruise) and the decision on {v['decision']:.1%}")
+                 f"and the decision on {v['decision']:.1%}")
     return [line]
 
 
 def goal_lines(splits: dict, seeds: dict, rew: dict | None = None) -> list[str]:
-    """The issue's 'done when' list, each marked met / NOT met from the numbers above."""
+    """The world v2 goals, each marked met / NOT met from the numbers above."""
     def mark(ok):
         return "met" if ok else "NOT met"
     out = []
     for name, s in splits.items():
-        out.append(f"- {name}: cause and decision right on {s['commitment_acc']:.1%} (goal >= 90%): "
-                   f"{mark(s['commitment_acc'] >= 0.9)}; ADE / const. velocity = "
-                   f"{s['ade']['full'] / s['ade']['const_vel']:.2f} (goal <= 0.5): "
-                   f"{mark(s['ade']['full'] <= 0.5 * s['ade']['const_vel'])}")
+        goal = f" (goal >= 85%): {mark(s['commitment_acc'] >= 0.85)}" if name == "test" else ""
+        out.append(f"- {name}: cause and decision right on {s['commitment_acc']:.1%}{goal}; ADE / const. velocity = "
+                   f"{s['ade']['full'] / s['ade']['const_vel']:.2f}")
     drafts = splits.get("test", {}).get("drafts", {})
-    if "draft-flat" in drafts:
-        tau = drafts["draft-flat"]["tau"]
-        out.append(f"- test: flat tau = {tau:.2f} at k = 8 (goal >= 4.0): {mark(tau >= 4.0)}")
+    if drafts:
+        best = max(drafts, key=lambda d: drafts[d]["tau_k8"])
+        n = drafts[best]
+        gap = n["alpha_routine"] - n["alpha_commitment"]
+        out.append(f"- test, best draft `{best}`: alpha routine {n['alpha_routine']:.1%} vs commitment "
+                   f"{n['alpha_commitment']:.1%}, {gap * 100:.1f} points apart (goal >= 10): {mark(gap >= 0.10)}")
+        out.append(f"- test, best draft `{best}`: tau at k = 8 is {n['tau_k8']:.2f} (goal 3 .. 6.5): "
+                   f"{mark(3.0 <= n['tau_k8'] <= 6.5)}")
     if "flat" in seeds and "mrope" in seeds:
         gain = seeds["flat"][0] / seeds["mrope"][0] - 1
-        out.append(f"- flat vs mrope over seeds: {gain:+.1%} (goal >= +15%): {mark(gain >= 0.15)}")
+        out.append(f"- flat vs mrope (test tau at k = 8): {gain:+.1%}")
     held = splits.get("heldout", {}).get("drafts", {})
     if "draft-flat" in held and "draft-flat-aarl" in held:
         a, b = held["draft-flat-aarl"]["tau"], held["draft-flat"]["tau"]
-        out.append(f"- heldout: flat-aarl tau = {a:.2f} vs flat {b:.2f} (goal: not below): {mark(a >= b)}")
+        out.append(f"- heldout: flat-aarl tau = {a:.2f} vs flat {b:.2f}")
     if rew:
         a, b = rew["draft-flat-aarl"]["action_reward"], rew["draft-flat"]["action_reward"]
-        out.append(f"- {rew['split']}: flat-aarl action reward = {a:.3f} vs flat {b:.3f} on the same seeded "
-                   f"rollouts (goal: up): {mark(a > b)}")
+        out.append(f"- {rew['split']}: flat-aarl action reward = {a:.3f} vs flat {b:.3f} on the same seeded rollouts")
     return out
 
 
@@ -206,16 +225,23 @@ def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
              f"- AARL: {(_log(runs.get('aarl', '')) or [{'step': 0}])[-1]['step']} steps (table below, one row per "
              "logged window)",
              "", "## Target", "", *target_table(splits), "",
-             "Commitment = the CoC words after the routine part (4 clauses) name the scene's cause phrase and a phrase "
-             "of its decision. ADE over 6.4 s (64 waypoints); the expert reads the target's KV cache after the full CoC, "
+             "Cause and decision are read back from the generated CoC by the language's parser (scenes/language.py): "
+             "the cause clause must name the scene's cause kind and facts (noun, side, light colour) in any paraphrase, "
+             "the action clause its decision; distances are not graded. ADE over 6.4 s (64 waypoints); the expert reads the target's KV cache after the full CoC, "
              "after a cut half-way through it, and after the prefill alone (the fallback).", "",
              *(["Cause and decision right, by scene family:", "", *family_table(splits), ""]
                if family_table(splits) else []),
              "## Drafts (greedy, exact acceptance)", "", *draft_table(splits), "",
              "tau = tokens per target forward (bonus included) of the greedy speculative loop over the target's own "
              "CoC, replayed from each draft's chain predictions; routine / commitment by the first token of a step. "
+             "alpha = per-token acceptance: the draft's next token equals the target's after the exact prefix, over "
+             "routine and commitment tokens. Free-running length = drafted tokens accepted per step when k does not "
+             "stop the draft (capped at 16; in brackets the share of steps that reached the cap). "
              "Attention mass: mean over layers, heads and CoC rows of the draft's attention on the 48 history tokens "
-             "and on the 192 vision tokens.", "", "### flat vs mrope over seeds (test split)", "", *seeds, "",
+             "and on the 192 vision tokens.", "",
+             *(["Per-token acceptance alpha by scene family (test):", "", *alpha_family_table(splits), ""]
+               if alpha_family_table(splits) else []),
+             "### flat vs mrope over seeds (test split)", "", *seeds, "",
              "### Cross-check with the runtime's own loop (first test scenes, torch backend)", "",
              *runtime_lines(splits.get("test", {})), "",
              "## AARL (flat -> flat-aarl)", "",

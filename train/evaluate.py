@@ -67,34 +67,67 @@ def _vision(target, e):
     return target.encode_images(torch.from_numpy(pixels), torch.from_numpy(grid))
 
 
+TAU_KS = (4, 8, 16)              # tau is reported at these draft lengths
+FREE_K = 16                      # the free-running accepted length is measured up to this many tokens
+
+
 @torch.no_grad()
-def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: list[int]) -> dict:
-    """Greedy tau (all, routine, commitment) and attention mass on history / vision keys."""
+def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: list[int], families=None) -> dict:
+    """Greedy tau at k (all, routine, commitment steps) and at TAU_KS; per-token acceptance alpha
+    (the draft's next token equals the target's after the exact prefix) over routine and
+    commitment tokens and per family; the free-running accepted length (drafted tokens accepted
+    per step when k does not stop the draft, capped at FREE_K, with the share of steps that hit
+    the cap); attention mass on history / vision keys."""
     text = torch.from_numpy(tok.text_mask())
+    K = max(k, FREE_K, *TAU_KS)
     tot = {"all": [0, 0], "routine": [0, 0], "commitment": [0, 0]}
+    at_k = {kk: [0, 0] for kk in TAU_KS}
+    alpha = {"routine": [], "commitment": []}
+    fam_alpha, free, capped = {}, [], []
     mass = {"history": [], "vision": []}
     for b0 in range(0, len(teachers), 8):
         chunk = teachers[b0:b0 + 8]
         ids, cos, sin, features, image_embeds = draft_inputs(chunk, draft, tok.pad)
         first = chunk[0].first
-        passes = chain_forward(draft, ids, cos, sin, features, image_embeds, first, k)
+        passes = chain_forward(draft, ids, cos, sin, features, image_embeds, first, K)
         for b, t in enumerate(chunk):
-            acc = np.zeros((k, ids.shape[1] + k), bool)
-            for p in range(k):          # a standalone draft has one pass: every chain step reads it
+            acc = np.zeros((K, ids.shape[1] + K), bool)
+            for p in range(K):          # a standalone draft has one pass: every chain step reads it
                 logits, _, rows = passes[min(p, len(passes) - 1)]
                 pred = logits[b].masked_fill(~text, float("-inf")).argmax(-1)
                 nxt = ids[b, rows[0] + 1:].tolist() + [-1]
                 acc[p, rows[0] - p:rows[0] - p + len(rows)] = pred.numpy() == np.array(nxt[:len(rows)])
-            n, f, parts = metrics.greedy_tau(acc, t.first, t.cot_end, k, routine_ends[b0 + b])
+            r_end = routine_ends[b0 + b]
+            n, f, parts = metrics.greedy_tau(acc[:k], t.first, t.cot_end, k, r_end)
             tot["all"][0] += n
             tot["all"][1] += f
             for name, (pn, pf) in parts.items():
                 tot[name][0] += pn
                 tot[name][1] += pf
+            for kk in TAU_KS:
+                n2, f2, _ = metrics.greedy_tau(acc[:kk], t.first, t.cot_end, kk)
+                at_k[kk][0] += n2
+                at_k[kk][1] += f2
+            rows = np.arange(t.first, t.cot_end)             # token at row r + 1, proposed from row r
+            hits = acc[0, rows]
+            alpha["routine"] += hits[rows + 1 < r_end].tolist()
+            alpha["commitment"] += hits[rows + 1 >= r_end].tolist()
+            if families is not None:
+                fam_alpha.setdefault(families[b0 + b], []).extend(hits.tolist())
+            run, cap = metrics.free_running(acc, t.first, t.cot_end, K)
+            free += run
+            capped += cap
         h, v = attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok)
         mass["history"] += h
         mass["vision"] += v
     out = {f"tau_{name}" if name != "all" else "tau": n / max(f, 1) for name, (n, f) in tot.items()}
+    out.update({f"tau_k{kk}": n / max(f, 1) for kk, (n, f) in at_k.items()})
+    out.update({f"alpha_{name}": float(np.mean(v)) if v else float("nan") for name, v in alpha.items()})
+    out["alpha"] = float(np.mean(alpha["routine"] + alpha["commitment"]))
+    out["free_running"] = float(np.mean(free)) if free else 0.0
+    out["free_running_capped"] = float(np.mean(capped)) if capped else 0.0
+    if families is not None:
+        out["alpha_families"] = {f: float(np.mean(v)) for f, v in sorted(fam_alpha.items())}
     out.update({f"attn_{name}": float(np.mean(v)) for name, v in mass.items()})
     return out
 
@@ -135,8 +168,8 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
                            "commitment_acc": float(np.mean([c and d for (c, d), g in zip(right, fams) if g == f]))}
                        for f in sorted(set(fams))}
     out["ade"] = expert_ades(expert, target, teachers, exs, cfg.trajectory_samples)
-    routine_ends = [t.first + metrics.routine_length(w) for t, w in zip(teachers, words)]
-    out["drafts"] = {name: draft_numbers(d, teachers, tok, cfg.k, routine_ends) for name, d in drafts.items()}
+    routine_ends = [t.first + routine_tokens(tok, w) for t, w in zip(teachers, words)]
+    out["drafts"] = {name: draft_numbers(d, teachers, tok, cfg.k, routine_ends, fams) for name, d in drafts.items()}
     if split == "test" and cfg.runtime_scenes:
         shipped = [n for n in drafts if (Path(cfg.planner) / n).exists()]
         out["runtime_loop"] = runtime_check(cfg, tok, shipped, toks)
@@ -180,6 +213,13 @@ def runtime_check(cfg: EvalConfig, tok, drafts: list[str], reasoning_ids: list) 
         out[name] = {"tau": emitted / max(steps, 1), "same_reasoning": same / max(cfg.runtime_scenes, 1)}
         planner.close()
     return out
+
+
+def routine_tokens(tok, words: list[str]) -> int:
+    """Tokens of the routine clauses at the head of a CoC's words (a clause boundary is a word
+    boundary, and no subword token spans two words, so the prefix encodes on its own)."""
+    n = metrics.routine_length(words)
+    return len(tok.encode(" ".join(words[:n]))) if n else 0
 
 
 def _draft_path(planner: str, name: str) -> Path:

@@ -42,6 +42,21 @@ def greedy_tau(accepts: np.ndarray, first: int, end: int, k: int, routine_end: i
     return tokens, forwards, parts
 
 
+def free_running(accepts: np.ndarray, first: int, end: int, cap: int) -> tuple[list[int], list[bool]]:
+    """Per step of the greedy loop with k = cap: drafted tokens accepted (the leading run of
+    accepts[:, v], nothing past `end`), and whether the run reached the cap (so the draft
+    might have gone further)."""
+    v, runs, capped = first, [], []
+    while v < end:
+        n = 0
+        while n < min(cap, end - v - 1) and accepts[n, v]:
+            n += 1
+        runs.append(n)
+        capped.append(n == cap)
+        v += min(n + 1, end - v)
+    return runs, capped
+
+
 NON_SOLID = ("traffic_light", "stop_sign")   # poles stand off the road (scenes.agents)
 
 

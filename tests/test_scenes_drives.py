@@ -1,0 +1,151 @@
+"""Drives: a scenario unrolled in 10 Hz cycles, their shards, their GIF, closed-loop rendering, and
+frames entering the vision tower as separate images."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prompt.config import ConfigError
+from scenes import language as L
+from scenes.config import DRIVE_SECONDS, DT, FRAME_OFFSETS, N_STEPS
+from scenes.dataset import DriveConfig, generate_drives, load_drives, scene_seed
+from scenes.drive import history_at, render_cycle
+from scenes.world import make_drive, make_scene, pick_family, snapshot_cycle
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def drives():
+    """Six unrendered 8 s test-split drives (labels only)."""
+    return [make_drive(scene_seed(2, "test", i), None, "test", DRIVE_SECONDS, render=False) for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("drives")
+    generate_drives(DriveConfig(str(out / "a"), 2, 1.5, 4, "test"), progress=False)
+    generate_drives(DriveConfig(str(out / "b"), 2, 1.5, 4, "test", workers=2), progress=False)
+    return out
+
+
+def test_same_seed_gives_the_same_bytes_for_1_and_2_workers(shards):
+    files = sorted(p.relative_to(shards / "a") for p in (shards / "a").rglob("*") if p.is_file())
+    assert len(files) == 5                      # manifest + 2 x (safetensors, json)
+    for f in files:
+        assert (shards / "a" / f).read_bytes() == (shards / "b" / f).read_bytes(), f
+
+
+def test_a_drive_is_10_hz_cycles_with_what_the_planner_gets_then(shards):
+    drive = load_drives(shards / "a", "test")[0]
+    assert len(drive.cycles) == 15
+    times = np.array([c.time for c in drive.cycles])
+    assert np.allclose(np.diff(times), DT)
+    for c, n in zip(drive.cycles, drive.steps):
+        assert c.images.shape[:2] == (4, len(FRAME_OFFSETS)) and c.history.shape == (16, 3)
+        assert np.allclose(c.history, history_at(drive.ego_world.astype(np.float64), int(n)), atol=1e-4)
+        assert c.future.shape == (64, 3) and len(c.coc_routine) == len(c.coc.split(" "))
+    same = [np.array_equal(a.images[:, 1], b.images[:, 0]) for a, b in zip(drive.cycles, drive.cycles[5:])]
+    assert all(same), "the t - 0.5 s frame of a cycle is the t frame of the cycle 5 before it"
+
+
+def test_a_snapshot_is_one_cycle_of_its_drive():
+    seed = scene_seed(0, "train", 7)
+    fam = pick_family(seed, "train")
+    snap = make_scene(seed, fam, "train")
+    cyc = make_drive(seed, fam, "train", DRIVE_SECONDS).cycles[snapshot_cycle(seed)]
+    assert snap.coc == cyc.coc and snap.decision == cyc.decision and snap.cycle == cyc.cycle
+    assert np.array_equal(snap.history, cyc.history) and np.array_equal(snap.images, cyc.images)
+
+
+def test_the_commitment_changes_at_moments_and_holds_between(drives):
+    changes = transitions = routine_moves = 0
+    for d in drives:
+        keys = [(c.cause_kind, tuple(sorted(c.cause_facts.items())), c.decision) for c in d.cycles]
+        changes += sum(a != b for a, b in zip(keys, keys[1:]))
+        transitions += len(keys) - 1
+        speeds = [L.history_facts(c.history)["speed"] for c in d.cycles]
+        routine_moves += sum(abs(a - b) > 1e-6 for a, b in zip(speeds, speeds[1:]))
+    assert 0 < changes <= transitions // 5, f"{changes} commitment changes in {transitions} transitions"
+    assert routine_moves > transitions // 2, "the routine part should follow the history every cycle"
+
+
+def test_every_cycle_of_a_drive_grades_itself_right(drives):
+    from scenes.grade import commitment_correct
+
+    for d in drives:
+        for c in d.cycles:
+            assert commitment_correct(c.coc.split(" "), c) == (True, True), c.coc
+
+
+def test_closed_loop_renders_the_ego_path_it_is_given():
+    seed = scene_seed(1, "test", 3)
+    drive = make_drive(seed, None, "test", 1.0)
+    scen, n = drive.scenario, int(drive.steps[4])
+    images, history = render_cycle(scen, drive.ego_world, n)
+    assert np.array_equal(images, drive.cycles[4].images) and np.allclose(history, drive.cycles[4].history, atol=1e-5)
+    shifted = drive.ego_world.astype(np.float64).copy()
+    shifted[n - 20:, 1] += np.linspace(0.0, 1.5, N_STEPS - (n - 20))        # the ego drifts left
+    images2, history2 = render_cycle(scen, shifted, n)
+    assert not np.array_equal(images2, images), "another ego path must give other camera images"
+    assert not np.allclose(history2, history), "the history must come from the ego's actual path"
+    with pytest.raises(ValueError, match="finite world poses"):
+        bad = shifted.copy()
+        bad[n - 3, 0] = np.nan
+        render_cycle(scen, bad, n)
+
+
+def test_truncated_or_foreign_shards_are_refused(shards, tmp_path):
+    import shutil
+
+    root = tmp_path / "d"
+    shutil.copytree(shards / "a", root)
+    f = root / "test" / "drive-00000.safetensors"
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    with pytest.raises(ConfigError, match="drive shard .* is unreadable"):
+        load_drives(root, "test")[0]
+    manifest = root / "manifest.json"
+    manifest.write_text(manifest.read_text().replace("specdrive-drives-v2", "specdrive-drives-v1"))
+    with pytest.raises(ConfigError, match="not drives of this world version"):
+        load_drives(root, "test")
+    with pytest.raises(ConfigError, match="seconds=30"):
+        DriveConfig(str(tmp_path / "x"), 1, 30.0)
+
+
+def test_show_writes_a_drive_gif(shards, tmp_path):
+    gif = tmp_path / "drive.gif"
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "scenes", "show", str(shards / "a"), "--drive", "1",
+                        "--every", "5", "--out", str(gif)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    from PIL import Image
+
+    im = Image.open(gif)
+    assert im.format == "GIF" and im.n_frames == 3
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "scenes", "show", str(shards / "a"), "--drive", "7",
+                        "--out", str(gif)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--drive 7 is out of range" in r.stderr, r.stderr
+
+
+def test_each_frame_is_its_own_image_in_the_vision_tower():
+    """A frame's vision features depend on that frame alone (upstream feeds each frame as an
+    image), so a later cycle can reuse them."""
+    torch = pytest.importorskip("torch")
+    from models.config import load_preset
+    from models.vision import VisionTower
+    from prompt.pixels import images_to_patches
+
+    cfg = load_preset("tiny").target.vision
+    torch.manual_seed(0)
+    tower = VisionTower(cfg, 128).eval()
+    imgs = make_scene(11, "follow", "test").images.reshape(-1, 64, 96, 3)         # (8, H, W, 3)
+    with torch.no_grad():
+        p, g = images_to_patches(imgs, cfg.patch, cfg.temporal_patch, cfg.merge)
+        all_frames, deep = tower(torch.from_numpy(p), g)
+        per = all_frames.shape[0] // len(imgs)
+        for j in (0, 5):
+            pj, gj = images_to_patches(imgs[j:j + 1], cfg.patch, cfg.temporal_patch, cfg.merge)
+            alone, deep_alone = tower(torch.from_numpy(pj), gj)
+            assert torch.allclose(alone, all_frames[j * per:(j + 1) * per], atol=1e-5)
+            assert all(torch.allclose(a, b[j * per:(j + 1) * per], atol=1e-5) for a, b in zip(deep_alone, deep))
