@@ -16,23 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
+from prompt.meta import read_meta, scan_checkpoints
 from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, load_backend
 
-CHECKPOINT_FORMAT = "specdrive-checkpoint"
 MANIFEST_FORMAT = "specdrive-engines-manifest"     # engines/build.py writes it (runtime may not import engines/)
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-llm")     # run the engines manifest.json lists
-MODEL_KINDS = ("target", "draft", "expert", "planner")
-
-
-def read_meta(folder: Path) -> dict:
-    file = Path(folder) / "meta.json"
-    if not file.is_file():
-        raise ConfigError(f"{folder}: no meta.json; not a specdrive artifact")
-    meta = read_json(file, "artifact metadata")
-    if not isinstance(meta, dict) or "kind" not in meta:
-        raise ConfigError(f"{file}: no 'kind'; cannot tell what this artifact is")
-    return meta
 
 
 RELEASE_MODEL_TYPE = "alpamayo_r1"
@@ -48,35 +37,6 @@ def is_release(folder: Path) -> bool:
 
 
 DEFAULT_DRAFT = "flat"   # the draft variant a checkpoint folder runs with unless --draft says
-
-
-def scan_checkpoints(folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
-    """({kind: folder} for target / expert / planner, {variant: folder} for drafts) from the
-    meta.json of DIR and its direct subfolders. A draft is named by its meta.json "variant"
-    (flat, mrope, flat-standalone, flat-aarl, ...), else its folder name, as a label only."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"checkpoint folder {str(folder)!r} does not exist")
-    models: dict[str, Path] = {}
-    drafts: dict[str, Path] = {}
-    for cand in [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]:
-        if not (cand / "meta.json").is_file():
-            continue
-        meta = read_meta(cand)
-        kind = meta["kind"]
-        if meta.get("format") != CHECKPOINT_FORMAT or kind not in MODEL_KINDS:
-            raise ConfigError(f"{cand}/meta.json: format {meta.get('format')!r} kind {kind!r} "
-                              f"is not a specdrive model checkpoint (kinds {list(MODEL_KINDS)})")
-        label = str(meta.get("variant") or cand.name) if kind == "draft" else kind
-        table = drafts if kind == "draft" else models
-        if label in table:
-            raise ConfigError(f"{folder}: two checkpoints of kind {kind!r} named {label!r} "
-                              f"({table[label]} and {cand}); keep one")
-        table[label] = cand
-    if "planner" not in models and "target" not in models:
-        raise ConfigError(f"{folder}: no target checkpoint (meta.json kind 'target' or 'planner'); "
-                          f"found kinds {sorted(models) + (['draft'] if drafts else [])}")
-    return models, drafts
 
 
 def find_checkpoints(folder: Path, draft: str | None = None) -> dict[str, Path]:
