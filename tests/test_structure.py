@@ -1,4 +1,4 @@
-"""The house rules that keep one model, one forward (ARCHITECTURE.md rule 7) and an acyclic
+"""The house rules that keep one model, one forward (docs/architecture.md rule 7) and an acyclic
 import graph, checked on the source so they cannot quietly come back:
 
 - runtime/, train/ and tools/ name no model internals (decoder-layer, attention or draft-fusion
