@@ -1,4 +1,4 @@
-"""The bench machinery on the numpy table backend with a fake clock (runtime/backends/table.py):
+"""The bench machinery on the numpy table backend with a fake clock (tests/table_backend.py):
 simulated call costs make every time exact, so the measured decode-phase speedup must equal
 the ideal tau / mean(k c + v(k+1)) (no loop overhead exists in fake time), c and v must be the
 simulated cost ratios, speculative output must equal plain decoding on every scene, and the
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from prompt.config import ConfigError
-from runtime.backends.table import TableBackend
+from runtime.loop import StepRecord
+from table_backend import TableBackend
 from runtime.budget import FakeClock
 from runtime.config import PlannerConfig
 from tools.sources import default_tokenizer
@@ -41,7 +42,7 @@ def run_table(tok, cfg, drafts):
     clock = FakeClock()
     plain = table(tok, clock)
     backends = {name: table(tok, clock, **kw) for name, kw in drafts.items()}
-    modes = make_modes(backends, plain, cfg, clock=clock)
+    modes = make_modes(backends, plain, cfg)
     base = PlannerConfig(max_reasoning_tokens=24)
     return run_bench(modes, bench_scenes(cfg), tok, base, cfg, clock=clock)
 
@@ -148,7 +149,7 @@ def test_ideal_speedup_formula():
 
 
 def step(draft):
-    return accept_map.Step(len(draft), np.asarray(draft, np.int64), 1.0, len(draft) + 1, 2.0)
+    return StepRecord(len(draft), np.asarray(draft, np.int64), 0, len(draft) + 1, 1.0, 2.0)
 
 
 def test_labels_on_hand_made_steps():

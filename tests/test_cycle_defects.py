@@ -10,7 +10,7 @@ import pytest
 from prompt.config import ConfigError
 from prompt.trajectory import encode_history, saturate_history
 from prompt.vocab import Tokenizer
-from runtime.backends.table import TableBackend
+from table_backend import TableBackend
 from runtime.budget import FakeClock
 from runtime.checks import check_trajectory, comfortable_stop, ego_speed
 from runtime.config import BudgetConfig, CheckConfig, PlannerConfig, SpecConfig, load_planner_config

@@ -159,7 +159,7 @@ def test_host_device_traffic_per_step(engines, doubles):
         assert cuda.log["malloc_device"] == cuda.log["malloc_host"] == 0
     for fed, k in ((1, 4), (2, 8)):
         cuda.log.clear(), cuda.bytes.clear()
-        props = be.draft(np.arange(10, 10 + fed), 300, k)
+        props, _ = be.draft(np.arange(10, 10 + fed), 300, k)
         assert props.shape == (k,)
         assert cuda.bytes["cudaMemcpyHostToDevice"] == 8 * fed and cuda.bytes["cudaMemcpyDeviceToHost"] == 8 * k
         assert cuda.log["malloc_device"] == cuda.log["malloc_host"] == 0

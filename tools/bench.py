@@ -24,15 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError
-from runtime.artifacts import load_tokenizer, read_meta, scan_checkpoints
-from runtime.backend import load_backend
+from bench.backends import open_bench_backends
+from runtime.artifacts import ModelSource
 from runtime.config import load_planner_config
 from tools import bench_report
+from tools.sources import default_tokenizer
 from tools.threads import torch_threads
 from tools.bench_run import BenchConfig, BenchScene, machine_info, make_modes, run_bench
-
-SELF_DRAFTS = ("self",)
-
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="speculative vs plain decoding: speedup, identity, where accepted",
@@ -87,90 +85,6 @@ def bench_config(args, profile) -> BenchConfig:
                        picture_scene=args.picture_scene)
 
 
-def _selected(names: list[str], wanted: list[str], what: str) -> list[str]:
-    bad = [w for w in wanted if w not in names]
-    if bad:
-        raise ConfigError(f"--drafts {bad[0]!r} is not available; {what}: {names}")
-    return wanted
-
-
-def open_backends(args, max_len: int):
-    """(tokenizer, plain backend, {draft label: backend} with caches of max_len rows, description
-    of the source)."""
-    name = args.backend or "torch"
-    if args.engines is not None:
-        meta = read_meta(args.engines)
-        if meta["kind"] != "engines" or (args.backend and meta.get("backend") != args.backend):
-            raise ConfigError(f"{args.engines}/meta.json: kind {meta['kind']!r} backend "
-                              f"{meta.get('backend')!r}; expected kind 'engines' (and --backend to match)")
-        tok = load_tokenizer(args.engines)
-        be = load_backend(meta["backend"], engines=args.engines, meta=meta, tokenizer=tok,
-                          device=args.device, max_len=max_len, threads=args.threads)
-        return tok, be, {str(meta.get("draft", "draft")): be}, f"engines {args.engines}"
-    if name != "torch":
-        raise ConfigError(f"--backend {name} runs built engines: give --engines DIR")
-    common = {"device": args.device, "eager": args.eager, "max_len": max_len}
-    if args.checkpoint is not None:
-        return _checkpoint_backends(args, common)
-    if args.random_init is None:
-        raise ConfigError("--preset needs --random-init SEED (random weights)")
-    from tools.sources import default_tokenizer
-
-    tok = default_tokenizer()
-    base = {"preset": args.preset, "seed": args.random_init, "tokenizer": tok, **common}
-    drafts = _self_drafts((args.drafts or "self,noised:0.02").split(","), base)
-    return tok, load_backend("torch", draft="none", **base), drafts, f"preset {args.preset} (random weights)"
-
-
-def _selected_preset(text: str) -> list[str]:
-    out = []
-    for d in (x.strip() for x in text.split(",") if x.strip()):
-        ok = d in ("self", "routine")
-        if d.startswith("noised:"):
-            try:
-                ok = float(d.split(":")[1]) > 0
-            except ValueError:
-                ok = False
-        if not ok:
-            raise ConfigError(f"--drafts {d!r} is not allowed; use self, noised:SIGMA (SIGMA > 0), "
-                              "routine (--preset) or a draft variant of the checkpoint")
-        out.append(d)
-    return out
-
-
-def _checkpoint_backends(args, common):
-    """Every draft found (or those --drafts names); --drafts may add self / noised:SIGMA, the
-    trained target drafting for itself (a reference point: c = 1, tau = k + 1 when exact)."""
-    tok = load_tokenizer(args.checkpoint)
-    ckpts, found_drafts = scan_checkpoints(args.checkpoint)
-    names = None if args.drafts is None else [d.strip() for d in args.drafts.split(",") if d.strip()]
-    extra = [d for d in names or [] if d in SELF_DRAFTS or d.startswith("noised:")]
-    trained = sorted(found_drafts)
-    if names is not None:
-        trained = _selected(trained, [d for d in names if d not in extra], "draft variants found")
-    base = {"checkpoints": ckpts, "tokenizer": tok, **common}
-    drafts = {label: load_backend("torch", draft=str(found_drafts[label]), **base) for label in trained}
-    if "planner" in ckpts and args.drafts is None:
-        drafts.setdefault("planner", load_backend("torch", **base))
-    drafts.update(_self_drafts(extra, base))
-    if not drafts:
-        raise ConfigError(f"{args.checkpoint}: no draft checkpoint (meta.json kind 'draft') to bench; "
-                          "--drafts self,noised:SIGMA benches the target drafting for itself")
-    return tok, load_backend("torch", draft="none", **base), drafts, f"checkpoint {args.checkpoint}"
-
-
-def _self_drafts(names, base: dict) -> dict:
-    """{name: backend} of the target drafting for itself, exactly (self) or noised (noised:SIGMA)."""
-    out = {}
-    for d in _selected_preset(",".join(names)) if names else []:
-        if d == "routine":
-            out[d] = load_backend("torch", **base)
-        else:
-            noise = float(d.split(":")[1]) if d.startswith("noised:") else 0.0
-            out[d] = load_backend("torch", draft="self", draft_noise=noise, **base)
-    return out
-
-
 def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
     from scenes.world import make_scene
 
@@ -188,14 +102,17 @@ def run(args) -> int:
     cfg = bench_config(args, profile)
     if args.threads < 0:
         raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    tok, plain, drafts, source = open_backends(args, profile.max_len)
+    src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
+                      random_init=args.random_init, backend=args.backend, device=args.device,
+                      eager=args.eager, threads=args.threads)
+    tok, plain, drafts, source = open_bench_backends(src, args.drafts, profile.max_len, default_tokenizer)
     modes = make_modes(drafts, plain, cfg)
     with torch_threads(args.threads):
         try:
             record = run_bench(modes, bench_scenes(cfg), tok, profile, cfg, progress=True)
             record["machine"] = machine_info(args.device)
         finally:
-            for be in {id(m.backend.backend): m.backend.backend for m in modes}.values():
+            for be in {id(m.backend): m.backend for m in modes}.values():
                 be.close()
     record["setup"] = {"source": source, "backend": plain.name, "device": args.device,
                        "profile": str(args.profile), "command": command_line(args),

@@ -31,7 +31,7 @@ def add_parser(subparsers) -> None:
     add_source_args(p)
     p.add_argument("--draft", default=None, help="draft checkpoint folder, 'self' (target drafts for "
                    "itself) or 'none' (plain decoding); default: the draft that comes with the models")
-    p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm", "table"])
+    p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm"])
     p.add_argument("--profile", default=None, help="planner profile configs/planner/NAME.yaml or a YAML path "
                    "(default: the one an --engines folder's manifest.json names, else cpu)")
     p.add_argument("--budget-ms", type=float, help="latency budget per cycle (0 = off); default from the profile")

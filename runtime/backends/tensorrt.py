@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError, file_sha256
-from runtime.backend import PrefillInputs, check_readout
+from runtime.backend import BackendSpec, PrefillInputs, check_readout, check_tokenizer
 from runtime.backends.graphs import GraphBackend
 
 INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer` (TensorRT 10.3); on "
@@ -359,7 +359,7 @@ class TensorRTBackend(GraphBackend):
         self.cuda("cudaStreamSynchronize", self.stream)
 
     # --- draft, verify, action ------------------------------------------------------------------
-    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
+    def draft(self, tokens, start: int, k: int, sampling=None):
         tokens = np.asarray(tokens, np.int64)
         n0, cuda, s = len(tokens), self.cuda, self.stream
         self.check_rows(start, n0 + k - 1)
@@ -370,7 +370,7 @@ class TensorRTBackend(GraphBackend):
         cuda.h2d(feed.buf["ids"], self.ids_host[:n0], s)
         hidden = [feed.buf["hidden"], self.engines.get("draft_chain", feed).buf["hidden"]]
         slot = self.proposals + (n0 - 1) * 8                 # proposal j lands at slot + 8 j
-        n, e = n0, feed
+        n, e, qs = n0, feed, []
         for j in range(k):
             addr = {"argmax": slot + 8 * j - (n - 1) * 8, "hidden": hidden[j % 2]}
             if j == 0:
@@ -381,15 +381,15 @@ class TensorRTBackend(GraphBackend):
                 if self.fused:
                     addr["feats"] = hidden[(j - 1) % 2] + (n_prev - 1) * self.meta["draft_llm"]["hidden"] * 4
             self._feed(e, start, n, addr)
-            if pick is not None:
-                row = self._read(e, n - 1, 1, "logits")[0]
-                self.ids_host[0] = int(pick(row))
+            if sampling is not None:      # the host samples: one logits row back per proposal
+                self.ids_host[0], q = self.draw(self._read(e, n - 1, 1, "logits")[0], sampling, j)
+                qs.append(q)
                 cuda.h2d(slot + 8 * j, self.ids_host[:1], s)
             n_prev, start, n = n, start + n, 1
             e = self.engines["draft_chain"] if self.fused else feed
         cuda.d2h(self.top_host[:k], slot, s)
         cuda("cudaStreamSynchronize", s)
-        return self.top_host[:k].copy()
+        return self.top_host[:k].copy(), (np.stack(qs) if sampling is not None else None)
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
@@ -579,8 +579,6 @@ def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, s
                           + f". Rebuild on this device: make engines PROFILE={manifest['profile']}")
 
 
-def create(engines: Path, meta: dict, tokenizer, manifest: dict, max_len: int | None = None,
-           k_max: int | None = None, eager: bool = False, **_) -> TensorRTBackend:
-    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
-        raise ConfigError(f"{engines}/tokenizer.json is not the tokenizer these engines were built with")
-    return TensorRTBackend(engines, meta, manifest, max_len, k_max, eager)
+def create(spec: BackendSpec) -> TensorRTBackend:
+    check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
+    return TensorRTBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager)
