@@ -21,7 +21,6 @@ word count.
 """
 from __future__ import annotations
 
-import numpy as np
 
 SOURCES = ("prefill", "draft", "corrected", "bonus", "target", "forced")
 COLORS = {"draft": "#3a9a4a", "corrected": "#e07b22", "bonus": "#3b6fd4", "target": "#9a9a9a",
