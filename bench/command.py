@@ -1,10 +1,5 @@
 """`specdrive bench`: speculative vs plain decoding in one process, on the same scenes. (the library of tools/bench.py)
 
-    specdrive bench (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
-                    [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive]
-                    [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T]
-                    --json OUT [--plot PNG] [--accept-plot PNG]
-
 Modes: plain target decoding, then every draft with each fixed k and adaptive k (greedy). Per
 mode: tau, reasoning tokens/s, decode-phase speedup over plain (median and min-max over the
 repeats; vision and prefill reported separately), the scenes whose reasoning equals plain

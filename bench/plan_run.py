@@ -1,9 +1,5 @@
 """`specdrive plan`: run planning cycles over scenes, log them, draw them. (the library of tools/plan.py)
 
-    specdrive plan (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
-                   [--draft DIR|self|none] [--backend torch|onnxruntime|tensorrt|tensorrt-llm]
-                   [--budget-ms B] [--scenes N --seed S | --data DIR] --out DIR
-
 Writes OUT/cycles.jsonl (one line per cycle, failures included), OUT/summary.json and
 bird's-eye SVGs OUT/cycle_NNNN.svg for the first --pictures cycles; prints a live table.
 What an artifact is comes from its meta.json (runtime.artifacts), never from its path.

@@ -1,9 +1,5 @@
 """`specdrive profile`: N planner cycles with named ranges on every stage and engine call. (the library of tools/profile.py)
 
-    specdrive profile (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
-                      [--profile cpu] [--cycles N] [--warmup W] [--threads T] [--device cpu|cuda]
-                      [--no-nsys] --out DIR
-
 With `nsys` on PATH and a GPU, the cycles run under `nsys profile -t cuda,nvtx,osrt` with the
 capture range "measure@specdrive" (the warm-up is not captured) and the report is
 OUT/profile_<profile>_<backend>_<model>.nsys-rep. Otherwise (or with --no-nsys) the ranges are

@@ -1,9 +1,5 @@
 """`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/projection.py) (the library of tools/roofline.py)
 
-    specdrive roofline --preset alpamayo-r1-10b|edge-2b|tiny --device orin-agx-64|thor|...|cpu
-                       [--precision int8] [--k 4 --tau 3.0] [--profile orin] [--budget-ms 100]
-                       [--memory] [--validate PROFILE.json] [--json OUT]
-
 Prints per-stage projected ms for plain and speculative decoding, whether the cycle fits the
 budget (and whether the budget's premise, vision + prefill + trajectory + margin, holds), and
 the remedies that would make it fit. `--device cpu` measures this CPU's peaks first

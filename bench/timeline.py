@@ -1,7 +1,5 @@
 """Pictures of a run's cycles (the cycles.jsonl that `specdrive plan` and `specdrive profile` write).
 
-    specdrive timeline RUN/cycles.jsonl [--out DIR]
-
 timeline.png   one bar per cycle, its stages end to end in the order a cycle runs them, the
                deadline as a line; budget cuts and fallback trajectories marked
 stages.png     the latency distribution of every stage over the cycles

@@ -1,8 +1,5 @@
 """`specdrive trajectory-cost`: displacement error against cost for the action expert's settings. (the library of tools/trajectory_cost.py)
 
-    specdrive trajectory-cost --checkpoint DIR [--scenes N --seed S] [--steps 2,4,6,10]
-                              [--samples 1,2,4,8] [--repeats R] --json OUT [--plot PNG]
-
 Per test scene the planner reasons once (greedy, budget off); then, on that same cache, the
 trajectory stage runs with every (Euler steps, draws, combine) setting, each timed `repeats`
 times (median), and its waypoints are scored against the scene's expert future (ADE, FDE over

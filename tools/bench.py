@@ -5,14 +5,7 @@
                     [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T]
                     --json OUT [--plot PNG] [--accept-plot PNG]
 
-Modes: plain target decoding, then every draft with each fixed k and adaptive k (greedy). Per
-mode: tau, reasoning tokens/s, decode-phase speedup over plain (median and min-max over the
-repeats; vision and prefill reported separately), the scenes whose reasoning equals plain
-decoding's, cycle latency p50/p99/max, deadline misses, the measured draft cost ratio c and
-verify-width costs, the ideal speedup tau / (k c + v(k+1)) and the efficiency against it; and
-where the draft is accepted (routine vs commitment words, scenario families). Writes OUT (JSON),
-a speedup plot and a picture of one scene's reasoning colored by who produced each word.
-Drafts of a checkpoint folder are found by their meta.json (kind "draft"), never by folder name.
+What it measures and writes: bench/command.py (the library this command calls).
 """
 from __future__ import annotations
 

@@ -4,9 +4,7 @@
                    [--draft DIR|self|none] [--backend torch|onnxruntime|tensorrt|tensorrt-llm]
                    [--budget-ms B] [--scenes N --seed S | --data DIR] --out DIR
 
-Writes OUT/cycles.jsonl (one line per cycle, failures included), OUT/summary.json and
-bird's-eye SVGs OUT/cycle_NNNN.svg for the first --pictures cycles; prints a live table.
-What an artifact is comes from its meta.json (runtime.artifacts), never from its path.
+What it measures and writes: bench/plan_run.py (the library this command calls).
 """
 from __future__ import annotations
 

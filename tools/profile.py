@@ -4,12 +4,7 @@
                       [--profile cpu] [--cycles N] [--warmup W] [--threads T] [--device cpu|cuda]
                       [--no-nsys] --out DIR
 
-With `nsys` on PATH and a GPU, the cycles run under `nsys profile -t cuda,nvtx,osrt` with the
-capture range "measure@specdrive" (the warm-up is not captured) and the report is
-OUT/profile_<profile>_<backend>_<model>.nsys-rep. Otherwise (or with --no-nsys) the ranges are
-recorded here: OUT/trace.json (Chrome trace: ui.perfetto.dev or chrome://tracing), OUT/stats.json
-and stats.md (per-stage table, per-call costs, peak host memory), OUT/cycles.jsonl and the
-pictures of tools/timeline.py.
+What it measures and writes: bench/profile_run.py (the library this command calls).
 """
 from __future__ import annotations
 

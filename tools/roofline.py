@@ -4,11 +4,7 @@
                        [--precision int8] [--k 4 --tau 3.0] [--profile orin] [--budget-ms 100]
                        [--memory] [--validate PROFILE.json] [--json OUT]
 
-Prints per-stage projected ms for plain and speculative decoding, whether the cycle fits the
-budget (and whether the budget's premise, vision + prefill + trajectory + margin, holds), and
-the remedies that would make it fit. `--device cpu` measures this CPU's peaks first
-(bench/microbench.py); `--validate` compares the projection with a `specdrive profile` run's
-measured calls (ratio per stage). `--memory` adds the memory report.
+What it measures and writes: bench/roofline.py (the library this command calls).
 """
 from __future__ import annotations
 

@@ -2,13 +2,7 @@
 
     specdrive timeline RUN/cycles.jsonl [--out DIR]
 
-timeline.png   one bar per cycle, its stages end to end in the order a cycle runs them, the
-               deadline as a line; budget cuts and fallback trajectories marked
-stages.png     the latency distribution of every stage over the cycles
-accepted.png   accepted draft tokens per speculative step, routine vs commitment: a step counts
-               as the class of the first token it emitted (bench/accept_map.token_classes: the
-               routine part ends at the "," after "covering"; without it every token counts as
-               commitment)
+What it measures and writes: bench/timeline.py (the library this command calls).
 """
 from __future__ import annotations
 

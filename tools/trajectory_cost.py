@@ -3,13 +3,7 @@
     specdrive trajectory-cost --checkpoint DIR [--scenes N --seed S] [--steps 2,4,6,10]
                               [--samples 1,2,4,8] [--repeats R] --json OUT [--plot PNG]
 
-Per test scene the planner reasons once (greedy, budget off); then, on that same cache, the
-trajectory stage runs with every (Euler steps, draws, combine) setting, each timed `repeats`
-times (median), and its waypoints are scored against the scene's expert future (ADE, FDE over
-6.4 s). Settings are interleaved per scene, so every one sees the same machine load. Also
-measured: how far the mean of 8 one-draw paths lies from the nearest of them (the mean of two
-modes is a path nobody drew) against the spread of the draws. Writes JSON, a markdown table
-(stdout) and a plot of ADE against ms.
+What it measures and writes: bench/trajectory_cost.py (the library this command calls).
 """
 from __future__ import annotations
 
