@@ -19,7 +19,7 @@ without the CUDA headers, and NVIDIA maintains cuda-python):
     I/O buffers          per engine, sized for the largest shape any optimization profile allows
 
 A target step copies its inputs into the step engine's static buffers (device to device, from the
-tables above), runs the engine (a CUDA graph per verify width once warm), writes the new K/V rows
+tables above), runs the engine (a CUDA graph per verify width, captured at start), writes the new K/V rows
 into the cache with one cudaMemcpy2DAsync and reads back the arg-max. Per verify of n tokens the
 host sends the n ids and reads n ids back (greedy); per draft call it sends the fed ids and reads
 the k proposals once. The action expert runs on its own stream: it waits on an event recorded after
@@ -197,26 +197,29 @@ class Engine:
 
 
 class GraphRunner:
-    """CUDA graphs of one engine's first profile, one per width. TensorRT does deferred work in
-    the first enqueue after a shape change, so a width is captured only right after an eager run
-    at that width (no shape change between); once captured it is replayed (its shapes set back
-    first, host-side). `eager` turns graphs off."""
+    """CUDA graphs of one engine's first profile, one per width, all captured at warm-up
+    (`capture`, before any cycle); a cycle only replays them (their shapes set back first,
+    host-side), so no capture ever counts against a budget. TensorRT does deferred work in the
+    first enqueue after a shape change, so each width is captured right after an eager run at
+    that width. Widths outside the first profile run eagerly. `eager` turns graphs off."""
 
     def __init__(self, cuda: Cuda, engine: Engine, eager: bool):
         self.cuda, self.engine, self.eager = cuda, engine, eager
-        self.execs, self.last = {}, None           # last: the width of the last eager run, if current
+        self.execs = {}
 
     def run(self, width: int, shapes: dict) -> None:
+        e = self.engine
+        if width not in self.execs:
+            return e.run(shapes)
+        e.bind(shapes)                              # the context's shapes back to the captured ones
+        self.cuda("cudaGraphLaunch", self.execs[width], e.stream)
+
+    def capture(self, width: int, shapes: dict) -> None:
+        """Warm-up only: an eager run at `width`, then its graph captured and replayed once."""
         e, cuda = self.engine, self.cuda
-        if self.eager or e.profile_for(shapes) != 0:
-            return e.run(shapes)
-        if width in self.execs:                  # the context's shapes back to the captured ones
-            e.bind(shapes)
-            self.last = width if self.last == width else None
-            return cuda("cudaGraphLaunch", self.execs[width], e.stream)
-        if self.last != width:
-            self.last = width
-            return e.run(shapes)
+        e.run(shapes)
+        if self.eager or e.profile_for(shapes) != 0 or width in self.execs:
+            return
         e.bind(shapes)
         mode = cuda.rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         cuda("cudaStreamBeginCapture", e.stream, mode)
@@ -260,6 +263,14 @@ class TensorRTBackend(GraphBackend):
         self.verify_graphs = GraphRunner(cuda, self.engines["step"], eager)
         self._upload_tables()
         self.set_mask(None)
+        self._capture_verify_widths()
+
+    def _capture_verify_widths(self) -> None:
+        """Every verify width 1..k_max+1 captured now, before any cycle. The warm-up steps feed
+        token 0 at rows 0..w-1 of an empty cache; the first prefill overwrites them."""
+        for w in range(1, self.k_max + 2):
+            self._step(np.zeros(w, np.int64), 0, capture=True)
+        self.cuda("cudaStreamSynchronize", self.stream)
 
     # --- device memory, allocated once ------------------------------------------------------
     def _allocate(self, meta: dict, rows_max: int) -> None:
@@ -420,16 +431,17 @@ class TensorRTBackend(GraphBackend):
         cuda.close()
 
     # --- internals -------------------------------------------------------------------------------
-    def _step(self, tokens: np.ndarray, start: int) -> None:
+    def _step(self, tokens: np.ndarray, start: int, capture: bool = False) -> None:
         """Target step over n tokens at `start`: inputs into the static buffers, the engine (a
-        CUDA graph per verify width), the new K/V rows into the cache, features into `feats`."""
+        CUDA graph per verify width; `capture`: warm-up), the new K/V rows into the cache,
+        features into `feats`."""
         n, e, cuda, s = len(tokens), self.engines["step"], self.cuda, self.stream
         hd = self.meta["target"]["head_dim"]
         self.ids_host[:n] = tokens
         cuda.h2d(e.buf["ids"], self.ids_host[:n], s)
         self._inputs(e, self.rope["cos"], self.rope["sin"], hd, start, n)
-        self.verify_graphs.run(n, {"ids": (1, n), "cos": (1, n, hd), "sin": (1, n, hd),
-                                   "allowed": (n, self.vocab_size)})
+        run = self.verify_graphs.capture if capture else self.verify_graphs.run
+        run(n, {"ids": (1, n), "cos": (1, n, hd), "sin": (1, n, hd), "allowed": (n, self.vocab_size)})
         self._write_rows("cache", e.buf["new_kv"], start, n)
         if self.fused:                                   # rows start.. at index start + 1..
             cuda.d2d(self.feats + (start + 1) * self.feat_dim * 4, e.buf["feats"], n * self.feat_dim * 4, s)
