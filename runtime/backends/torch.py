@@ -12,8 +12,9 @@ accepted ones are re-fed with the target's features next step), "self" (the targ
 noised copy, drafting for itself with its own cache: the branch tests' tau = k + 1), "none".
 Every call runs the models' own forward (Target.forward, Draft.forward: one cache contract,
 rows written by index, attention over the static cache under a mask). On CUDA with eager=False
-each verify width and each draft feed width is captured once as a CUDA graph of that forward,
-with `start` a device tensor; static=True runs the same on CPU (what the tests compare with
+every verify width, draft feed width (1..k_max+1) and the draft chain's step is captured as a
+CUDA graph of that forward when the backend is made (never inside a cycle), with `start` a
+device tensor; static=True runs the same on CPU (what the tests compare with
 eager). This module holds only what is backend-specific: buffers, streams and graphs. The
 fallback expert runs on its own stream.
 """
@@ -33,6 +34,7 @@ from models.target import Target
 from prompt.config import ConfigError
 from prompt.pixels import images_to_patches
 from runtime.backend import Backend, BackendSpec, PrefillInputs, check_readout, mask_rows, periodic_mask
+from runtime.config import K_MAX_LIMIT
 
 DRAFT_KINDS = ("routine", "self", "none")
 DEFAULT_MAX_LEN = 1024
@@ -43,7 +45,7 @@ class TorchBackend(Backend):
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = 1024,
-                 eager: bool = True, static: bool = False):
+                 eager: bool = True, static: bool = False, k_max: int | None = None):
         if draft_kind not in DRAFT_KINDS:
             raise ConfigError(f"draft kind {draft_kind!r} is not known; choose one of {list(DRAFT_KINDS)}")
         self.cfg, self.device = cfg, torch.device(device)
@@ -65,6 +67,7 @@ class TorchBackend(Backend):
         self.graphs = None
         if static or (self.device.type == "cuda" and not eager):
             self.graphs = StaticRunner(self, capture=self.device.type == "cuda" and not eager)
+            self.graphs.warm((k_max or K_MAX_LIMIT) + 1)
         self.side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.concurrent_action = self.side_stream is not None    # the fallback on its own stream
 
@@ -247,7 +250,7 @@ def create(spec: BackendSpec) -> TorchBackend:
         raise ConfigError("the checkpoint has no draft (meta.json kind 'draft'); pass --draft DIR, "
                           "--draft self or --draft none")
     return TorchBackend(cfg, target, expert, model, kind, device, spec.max_len or DEFAULT_MAX_LEN,
-                        spec.eager, spec.static)
+                        spec.eager, spec.static, spec.k_max)
 
 
 def check_device(device: str) -> None:
@@ -268,12 +271,14 @@ def check_device(device: str) -> None:
 class StaticRunner:
     """Static-shape runs of the backend's verify and draft-feed forwards (Target.forward and
     Draft.forward themselves, `start` a (1,) device tensor): as they are (CPU, `static=True`,
-    what the tests compare with eager) or captured once per key as CUDA graphs with static
-    input/output buffers (torch.cuda.graph; warm-up on a side stream first). Rotary tables of
-    every text position are precomputed, so a replay only copies inputs."""
+    what the tests compare with eager) or as CUDA graphs with static input/output buffers
+    (torch.cuda.graph; warm-up on a side stream first), every verify width, draft feed width and
+    the draft chain's step captured by `warm` when the backend is made. A cycle only replays
+    them; a width never captured (a long write of the reasoning rows) runs as it is. Rotary
+    tables of every text position are precomputed, so a replay only copies inputs."""
 
     def __init__(self, be: TorchBackend, capture: bool):
-        self.be, self.capture, self.graphs = be, capture, {}
+        self.be, self.capture, self.graphs, self.capturing = be, capture, {}, False
         rows = torch.arange(be.max_len, device=be.device)[None]
         self.text_cos, self.text_sin = be.target.rope(rows)        # (1, max_len, hd), pos = row
         if be.draft_kind == "routine" and be.cfg.draft.rope == "flat":
@@ -296,11 +301,26 @@ class StaticRunner:
             args += (feat,)
         return self._run(("draft", w, None if feat is None else feat.shape[-1]), self.be._feed, args)
 
+    def warm(self, widths: int) -> None:
+        """Capture now (CUDA) every verify and draft feed width 1..widths and the chain step,
+        through the backend's own calls on its empty cache (the first prefill overwrites the
+        rows they write)."""
+        if not self.capture:
+            return
+        self.capturing = True
+        try:
+            for w in range(1, widths + 1):
+                self.be.verify(np.zeros(w, np.int64), 0, "argmax")
+                if self.be.draft_kind != "none":
+                    self.be.draft(np.zeros(w, np.int64), 0, 2)      # feed of w, then one chain step
+        finally:
+            self.capturing = False
+
     def _start(self, start: int) -> torch.Tensor:
         return torch.tensor([start], device=self.be.device)
 
     def _run(self, key, fn, args):
-        if not self.capture:
+        if not self.capture or (key not in self.graphs and not self.capturing):
             return fn(*args)
         if key not in self.graphs:
             static = tuple(a.clone() for a in args)
