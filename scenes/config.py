@@ -11,7 +11,7 @@ import numpy as np
 
 from prompt.config import ConfigError, check_choice
 
-DT = 0.1                         # s, 10 Hz everywhere
+from prompt.trajectory import DT   # s, 10 Hz everywhere (declared once: prompt/trajectory.py)
 T_START = -2.0                   # s, the simulation starts 0.5 s before the history for warm-up
 HIST_POSES, FUT_WAYPOINTS = 16, 64
 N_STEPS = round((FUT_WAYPOINTS * DT - T_START) / DT) + 1      # 85 poses: t = -2.0 .. 6.4

@@ -21,9 +21,10 @@ import threading
 import numpy as np
 
 from prompt.config import ConfigError
+from prompt.trajectory import DT, FUT_WAYPOINTS
 from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
 
-N_POS, N_WAYPOINTS, DT = 64, 64, 0.1
+N_POS = 64
 
 
 class TableBackend(Backend):
@@ -41,7 +42,7 @@ class TableBackend(Backend):
         self.W = rng.normal(0, 1, (dim, vocab_size)).astype(np.float32)
         self.W_draft = (self.W + draft_noise * rng.normal(0, 1, self.W.shape)).astype(np.float32)
         self.img_proj = rng.normal(0, 1, (3, dim)).astype(np.float32)
-        self.act_proj = rng.normal(0, 0.3, (dim, 2 * N_WAYPOINTS)).astype(np.float32)
+        self.act_proj = rng.normal(0, 0.3, (dim, 2 * FUT_WAYPOINTS)).astype(np.float32)
         self.stop_id, self.stop_slope = stop_id, float(stop_slope)
         self.patch, self.merge = patch, merge
         self.cache = np.zeros((max_len, dim), np.float32)         # (max_len, D) target rows
@@ -114,9 +115,9 @@ class TableBackend(Backend):
             self.check_rows(start, len(tokens))
             self._forward(self.cache, self.W, tokens, start, None)
         ctx = self.cache[:start + len(tokens)].mean(axis=0)
-        noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * N_WAYPOINTS))
+        noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * FUT_WAYPOINTS))
         draws = np.tanh(ctx @ self.act_proj + noise)                       # (samples, 128)
-        u = (draws.mean(0) if combine == "mean" else medoid(draws)).reshape(N_WAYPOINTS, 2)
+        u = (draws.mean(0) if combine == "mean" else medoid(draws)).reshape(FUT_WAYPOINTS, 2)
         return integrate_actions(u[:, 0] * 1.5, u[:, 1] * 0.02, v0)
 
     # --- internals -------------------------------------------------------------------------
