@@ -165,9 +165,10 @@ class Backend(abc.ABC):
         (max_len, F) (a numpy array or a torch tensor); None when the draft is not fused."""
         if not self.fused:
             return None
-        f = self.feats[[max(i, 0) for i in range(start - 1, start + n - 1)]]
-        if start == 0:
-            f[0] = 0
+        if start > 0:                       # the usual case: a view, no copy
+            return self.feats[start - 1:start + n - 1][None]
+        f = self.feats[[0] + list(range(n - 1))]     # a copy: row -1 (zeros) then rows 0..n-2
+        f[0] = 0
         return f[None]
 
     @staticmethod
