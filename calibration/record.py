@@ -124,35 +124,33 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
     if per_scene < 1:
         raise ConfigError(f"per_scene={per_scene}: at least one call per graph and scene")
 
-    class Recorder(OrtBackend):
-        """The ONNX Runtime backend, keeping a copy of every graph call's inputs (this scene's)."""
-        calls: dict
+    calls: dict = {}
 
-        def _run(self, graph, **inputs):
-            kept = {}
-            for name, value in inputs.items():
-                a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-                if name in CACHE_INPUTS:       # rows this call attends to: [0, start + n)
-                    a = a[..., :int(inputs["start"][0]) + inputs["ids"].shape[1], :]
-                kept[name] = np.array(a)
-            self.calls.setdefault(graph, []).append(kept)
-            return super()._run(graph, **inputs)
+    def keep(graph: str, inputs: dict) -> None:
+        """A copy of every graph call's inputs (this scene's), the caches cut to the rows read."""
+        kept = {}
+        for name, value in inputs.items():
+            a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+            if name in CACHE_INPUTS:       # rows this call attends to: [0, start + n)
+                a = a[..., :int(inputs["start"][0]) + inputs["ids"].shape[1], :]
+            kept[name] = np.array(a)
+        calls.setdefault(graph, []).append(kept)
 
     from calibration.report import offline_config
 
-    backend = Recorder(folder, meta, "cpu", planner_cfg.max_len, threads)
-    backend.calls = {}
+    backend = OrtBackend(folder, meta, "cpu", planner_cfg.max_len, threads)
+    backend.watch_graphs = keep
     planners = [Planner(backend, tokenizer, offline_config(planner_cfg)),
                 Planner(backend, tokenizer, offline_config(planner_cfg, planner_cfg.spec.k_max))]
     out = CalibrationSet(max_len=backend.max_len)
     stride = -(-len(scenes) // OTHER_CAP)
     try:
         for i, scene in enumerate(tqdm(scenes, desc="calibration: recording graph inputs", disable=not progress)):
-            backend.calls = {}
+            calls.clear()
             planners[i % 2].plan(scene.images, scene.history, scene=scene.name)
-            for graph, calls in backend.calls.items():
+            for graph, graph_calls in calls.items():
                 if graph in ALL_SCENES or i % stride == 0:
-                    out.graphs.setdefault(graph, []).extend(calls[j] for j in spread(i, per_scene, len(calls)))
+                    out.graphs.setdefault(graph, []).extend(graph_calls[j] for j in spread(i, per_scene, len(graph_calls)))
             out.scenes.append(scene.name)
     finally:
         for p in planners:

@@ -320,7 +320,7 @@ def write_build_script(out: Path, profile) -> Path:
 
 def standalone_draft(checkpoint: Path) -> Path:
     """The draft folder TensorRT-LLM can run as an external draft: features "none", rope "flat"."""
-    _, drafts = io.scan(checkpoint)
+    _, drafts = io.scan_checkpoints(checkpoint)
     found = {}
     for label, folder in drafts.items():
         _, dcfg, _ = io.load(folder, kind="draft")
@@ -342,7 +342,7 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
     checkpoint = Path(checkpoint)
     tok = load_tokenizer(checkpoint)
     draft_dir = standalone_draft(checkpoint)
-    cfg, target, expert, draft = io.load_models({**io.scan(checkpoint)[0], "draft": draft_dir}, tok)
+    cfg, target, expert, draft = io.load_models({**io.scan_checkpoints(checkpoint)[0], "draft": draft_dir}, tok)
     fp8 = {"target": profile.precision.step == "fp8", "draft": profile.precision.draft_chain == "fp8"}
     amax, calib = {"target": None, "draft": None}, None
     if any(fp8.values()):
@@ -356,7 +356,7 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
     models = {"target": (target, cfg.target.llm, target.state_dict()),
               "draft": (draft, cfg.draft_llm(), {**draft.state_dict(), "embed_tokens.weight":
                         target.embed_tokens.weight, "lm_head.weight": target.lm_head.weight})}
-    sources = {"target": io.scan(checkpoint)[0].get("target"), "draft": draft_dir}
+    sources = {"target": io.scan_checkpoints(checkpoint)[0].get("target"), "draft": draft_dir}
     entry = {"status": "written (trtllm-build not run: TensorRT-LLM is not installed here)",
              "release": TRTLLM_RELEASE, "calibration": calib, "checkpoints": {}}
     for role, (_, llm, state) in models.items():

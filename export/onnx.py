@@ -171,7 +171,7 @@ class ExportConfig:
 def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfig, progress=print) -> dict:
     """Export every graph of the folder's target, expert and one draft to `out`; -> meta."""
     tok, mcfg, target, expert = io.load_planner(checkpoint)
-    models, drafts = io.scan(checkpoint)
+    models, drafts = io.scan_checkpoints(checkpoint)
     name = draft or ("flat" if "flat" in drafts else next(iter(drafts), None))
     if name not in drafts:
         raise ConfigError(f"--draft {name!r}: {checkpoint} has the drafts {sorted(drafts)}")

@@ -41,8 +41,8 @@ from models.config import ExpertConfig, LLMConfig
 from models.layers import DecoderBlock, RMSNorm, attend
 from models.rope import rope_cos_sin
 from prompt.config import ConfigError
+from prompt.trajectory import DT   # s between waypoints (10 Hz), as the scenes' futures and Alpamayo-R1
 
-DT = 0.1                 # s between waypoints (10 Hz), as the scenes' futures and Alpamayo-R1
 MAX_FREQ = 100.0         # Fourier features of the action input projection (upstream defaults)
 BETA_T_SCALE = 0.999     # training t = 0.999 (1 - Beta(1.5, 1)): more weight near the noise
 COMBINES = ("mean", "medoid")   # how sample() turns several draws into one trajectory

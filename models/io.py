@@ -13,7 +13,7 @@ file, the tensor and what was expected. Tensors are read with safetensors only, 
 A trained planner folder (tokenizer.json + target, expert and draft checkpoints, found by their
 meta.json kind) loads through one path, used by train/, tools/ and the torch backend:
 
-    tok, cfg, target, expert = load_planner(folder)      drafts: scan(folder)[1] -> load_draft
+    tok, cfg, target, expert = load_planner(folder)      drafts: scan_checkpoints(folder)[1] -> load_draft
     cfg, target, expert, draft = load_models({kind: folder}, tok)
     cfg, draft, meta = load_draft(folder, cfg, target)
     check_names(expected_shapes, tensors, what)          one name/shape check for foreign layouts
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import json
 import platform
 import struct
@@ -39,14 +38,13 @@ from models.action_expert import ActionExpert
 from models.draft import Draft
 from models.names import CheckpointError, check_names  # noqa: F401  (re-exported: io.CheckpointError)
 from models.target import Target
-from prompt.config import ConfigError, from_dict, to_dict
+from prompt.config import ConfigError, file_sha256, from_dict, to_dict
+# read_meta and scan_checkpoints are prompt.meta's (io.scan_checkpoints reads a planner folder)
+from prompt.meta import CHECKPOINT_FORMAT, META, MODEL_KINDS, read_meta, scan_checkpoints  # noqa: F401
 from prompt.tokenizer import load_tokenizer
 from prompt.vocab import Tokenizer
 
-FORMAT = "specdrive-checkpoint"
 FORMAT_VERSION = 1
-KINDS = ("target", "draft", "expert", "planner")
-META = "meta.json"
 _RESERVED = {"format", "format_version", "kind", "config", "config_class", "dtype", "modules",
              "versions", "created_by", "created_at"}
 
@@ -54,7 +52,7 @@ _RESERVED = {"format", "format_version", "kind", "config", "config_class", "dtyp
 def save(path, modules: Mapping, config, meta: Mapping) -> Path:
     """Write `modules` ({name: nn.Module or state dict}) and `config` under folder `path`.
 
-    `meta` must hold `kind` (one of KINDS); other keys (e.g. "source_checkpoint") are kept as is.
+    `meta` must hold `kind` (one of MODEL_KINDS); other keys (e.g. "source_checkpoint") are kept as is.
     Returns the folder. Existing files of the same names are overwritten.
     """
     meta = dict(meta)
@@ -75,7 +73,7 @@ def save(path, modules: Mapping, config, meta: Mapping) -> Path:
         dtypes |= {_dtype_name(t.dtype) for t in state.values()}
         entries[name] = _write_module(path, name, state)
     body = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind,
+        "format": CHECKPOINT_FORMAT, "format_version": FORMAT_VERSION, "kind": kind,
         "config_class": type(config).__name__, "config": to_dict(config),
         "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed", "modules": entries,
         "versions": _versions(), "created_by": " ".join(sys.argv),
@@ -93,7 +91,13 @@ def load(path, kind: str | None = None):
     use. `kind`, when given, must equal the checkpoint's kind.
     """
     path = Path(path)
-    meta = read_meta(path)
+    try:
+        meta = read_meta(path)
+    except CheckpointError:
+        raise
+    except ConfigError as e:            # no meta.json, not JSON, no kind
+        raise CheckpointError(str(e)) from None
+    check_meta(meta, path / META)
     if kind is not None and meta["kind"] != kind:
         raise CheckpointError(f"{path / META}: kind is {meta['kind']!r}, expected {kind!r}")
     states = {name: _read_module(path, name, entry) for name, entry in meta["modules"].items()}
@@ -130,18 +134,11 @@ def check_state(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.
         raise CheckpointError(f"{where}: unexpected tensor(s) {extra[:5]} (the module has no such names)")
 
 
-def read_meta(path) -> dict:
-    """Parse and check `path/meta.json` (format, version, kind, modules)."""
-    path = Path(path)
-    file = path / META
-    if not file.is_file():
-        raise CheckpointError(f"{path}: no {META}; not a specdrive checkpoint folder")
-    try:
-        meta = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{file}: format is not {FORMAT!r}")
+def check_meta(meta: dict, file: Path) -> None:
+    """Refuse a meta.json (read by prompt.meta.read_meta) that is not a checkpoint this code reads:
+    format, version, kind, modules."""
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{file}: format is not {CHECKPOINT_FORMAT!r}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{file}: format_version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}")
@@ -149,12 +146,11 @@ def read_meta(path) -> dict:
     for key in ("config", "config_class", "modules"):
         if key not in meta:
             raise CheckpointError(f"{file}: missing key {key!r}")
-    return meta
 
 
 def _check_kind(kind, where: str) -> None:
-    if kind not in KINDS:
-        raise CheckpointError(f"{where}: unknown kind {kind!r}; allowed kinds are {list(KINDS)}")
+    if kind not in MODEL_KINDS:
+        raise CheckpointError(f"{where}: unknown kind {kind!r}; allowed kinds are {list(MODEL_KINDS)}")
 
 
 def _state_dict(module) -> dict[str, torch.Tensor]:
@@ -175,7 +171,7 @@ def _write_module(path: Path, name: str, state: dict) -> dict:
     file = path / f"{name}.safetensors"
     safetensors.torch.save_file(state, str(file))
     tensors = {k: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for k, t in state.items()}
-    return {"file": file.name, "sha256": _sha256(file), "bytes": file.stat().st_size, "tensors": tensors}
+    return {"file": file.name, "sha256": file_sha256(file), "bytes": file.stat().st_size, "tensors": tensors}
 
 
 def _read_module(path: Path, name: str, entry: dict) -> dict[str, torch.Tensor]:
@@ -183,7 +179,7 @@ def _read_module(path: Path, name: str, entry: dict) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (meta.json lists it for module {name!r})")
     _check_complete(file, entry)
-    digest = _sha256(file)
+    digest = file_sha256(file)
     if digest != entry["sha256"]:
         raise CheckpointError(f"{file}: sha256 {digest[:16]}... does not match meta.json "
                               f"({entry['sha256'][:16]}...); the file was changed or corrupted")
@@ -224,14 +220,6 @@ def _build_config(path: Path, meta: dict):
     return from_dict(cls, meta["config"], where=f"{path / META}: config")
 
 
-def _sha256(file: Path) -> str:
-    h = hashlib.sha256()
-    with file.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -251,27 +239,6 @@ def _versions() -> dict:
         except importlib_metadata.PackageNotFoundError:
             versions[dist] = "unknown"
     return versions
-
-
-# --- a planner folder: tokenizer, target, expert and drafts, found by meta.json kind ----------
-
-def scan(folder) -> tuple[dict[str, Path], dict[str, Path]]:
-    """({kind: folder} for target / expert / planner, {variant: folder} for drafts) from the
-    meta.json of `folder` and of its direct subfolders. Folder names are labels only: a draft
-    is named by its meta.json "variant", else its folder name."""
-    folder = Path(folder)
-    models, drafts = {}, {}
-    for cand in [folder, *sorted(p for p in folder.iterdir() if p.is_dir())] if folder.is_dir() else []:
-        if (cand / META).is_file():
-            meta = read_meta(cand)
-            label = str(meta.get("variant") or cand.name) if meta["kind"] == "draft" else meta["kind"]
-            table = drafts if meta["kind"] == "draft" else models
-            if label in table:
-                raise CheckpointError(f"{folder}: two checkpoints {label!r} ({table[label]} and {cand})")
-            table[label] = cand
-    if "planner" not in models and "target" not in models:
-        raise CheckpointError(f"{folder}: no target checkpoint (meta.json kind 'target' or 'planner')")
-    return models, drafts
 
 
 def with_tokenizer(cfg: config_module.ModelConfig, tok) -> config_module.ModelConfig:
@@ -346,8 +313,8 @@ def load_draft(folder, cfg: config_module.ModelConfig, target: Target):
 
 def load_planner(folder) -> tuple[Tokenizer, config_module.ModelConfig, Target, ActionExpert]:
     """Tokenizer, config, target and expert of a trained planner folder (eval mode); its drafts
-    are `scan(folder)[1]`, loaded with `load_draft`."""
+    are `scan_checkpoints(folder)[1]`, loaded with `load_draft`."""
     folder = Path(folder)
     tok = load_tokenizer(folder)
-    cfg, target, expert, _ = load_models(scan(folder)[0], tok)
+    cfg, target, expert, _ = load_models(scan_checkpoints(folder)[0], tok)
     return tok, cfg, target, expert

@@ -16,23 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
+from prompt.meta import read_meta, scan_checkpoints
 from prompt.tokenizer import load_tokenizer as read_tokenizer
-from runtime.backend import BACKENDS, load_backend
+from runtime.backend import BACKENDS, BackendSpec, load_backend
 
-CHECKPOINT_FORMAT = "specdrive-checkpoint"
 MANIFEST_FORMAT = "specdrive-engines-manifest"     # engines/build.py writes it (runtime may not import engines/)
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-llm")     # run the engines manifest.json lists
-MODEL_KINDS = ("target", "draft", "expert", "planner")
-
-
-def read_meta(folder: Path) -> dict:
-    file = Path(folder) / "meta.json"
-    if not file.is_file():
-        raise ConfigError(f"{folder}: no meta.json; not a specdrive artifact")
-    meta = read_json(file, "artifact metadata")
-    if not isinstance(meta, dict) or "kind" not in meta:
-        raise ConfigError(f"{file}: no 'kind'; cannot tell what this artifact is")
-    return meta
 
 
 RELEASE_MODEL_TYPE = "alpamayo_r1"
@@ -48,35 +37,6 @@ def is_release(folder: Path) -> bool:
 
 
 DEFAULT_DRAFT = "flat"   # the draft variant a checkpoint folder runs with unless --draft says
-
-
-def scan_checkpoints(folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
-    """({kind: folder} for target / expert / planner, {variant: folder} for drafts) from the
-    meta.json of DIR and its direct subfolders. A draft is named by its meta.json "variant"
-    (flat, mrope, flat-standalone, flat-aarl, ...), else its folder name, as a label only."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"checkpoint folder {str(folder)!r} does not exist")
-    models: dict[str, Path] = {}
-    drafts: dict[str, Path] = {}
-    for cand in [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]:
-        if not (cand / "meta.json").is_file():
-            continue
-        meta = read_meta(cand)
-        kind = meta["kind"]
-        if meta.get("format") != CHECKPOINT_FORMAT or kind not in MODEL_KINDS:
-            raise ConfigError(f"{cand}/meta.json: format {meta.get('format')!r} kind {kind!r} "
-                              f"is not a specdrive model checkpoint (kinds {list(MODEL_KINDS)})")
-        label = str(meta.get("variant") or cand.name) if kind == "draft" else kind
-        table = drafts if kind == "draft" else models
-        if label in table:
-            raise ConfigError(f"{folder}: two checkpoints of kind {kind!r} named {label!r} "
-                              f"({table[label]} and {cand}); keep one")
-        table[label] = cand
-    if "planner" not in models and "target" not in models:
-        raise ConfigError(f"{folder}: no target checkpoint (meta.json kind 'target' or 'planner'); "
-                          f"found kinds {sorted(models) + (['draft'] if drafts else [])}")
-    return models, drafts
 
 
 def find_checkpoints(folder: Path, draft: str | None = None) -> dict[str, Path]:
@@ -150,47 +110,56 @@ def read_manifest(folder: Path, backend: str) -> dict:
 
 
 def open_backend(src: ModelSource, max_len: int, default_tokenizer=None, k_max: int | None = None):
-    """The backend (caches of `max_len` rows) and tokenizer of `src`: (backend, tokenizer).
+    """The backend (caches of `max_len` rows) and tokenizer of `src`: (backend, tokenizer)."""
+    name, spec = backend_spec(src, max_len, default_tokenizer, k_max)
+    return load_backend(name, spec), spec.tokenizer
+
+
+def backend_spec(src: ModelSource, max_len: int | None, default_tokenizer=None,
+                 k_max: int | None = None) -> tuple[str, BackendSpec]:
+    """(backend name, BackendSpec) of `src`, its files read and checked; nothing is loaded.
 
     Random-weight models (a preset) have no tokenizer.json; `default_tokenizer()` gives theirs.
     --backend tensorrt / tensorrt-llm with an engines folder runs the engines its manifest.json
     lists (checked against `max_len` and, when given, the planner's `k_max`).
     """
-    if src.engines is not None and src.backend in ENGINE_BACKENDS:
-        meta = read_meta(src.engines)
-        manifest = read_manifest(src.engines, src.backend)
-        tok = load_tokenizer(src.engines)
-        return load_backend(src.backend, engines=Path(src.engines), meta=meta, manifest=manifest, tokenizer=tok,
-                            max_len=max_len, k_max=k_max, eager=src.eager), tok
-    if src.engines is not None:
-        meta = read_meta(src.engines)
-        name = meta.get("backend")
-        if meta["kind"] != "engines" or name not in BACKENDS:
-            raise ConfigError(f"{src.engines}/meta.json: kind {meta['kind']!r} backend {name!r}; "
+    spec = BackendSpec(tokenizer=None, max_len=max_len, device=src.device, eager=src.eager, k_max=k_max,
+                       threads=src.threads, draft=src.draft, seed=src.random_init)
+    name = _engines_spec(src, spec) if src.engines is not None else _models_spec(src, spec, default_tokenizer)
+    return name, spec
+
+
+def _engines_spec(src: ModelSource, spec: BackendSpec) -> str:
+    """Fill `spec` from an engines folder (meta.json, manifest.json, tokenizer) -> backend name."""
+    meta = read_meta(src.engines)
+    name = src.backend or meta.get("backend")
+    if name not in ENGINE_BACKENDS:         # graphs run as exported: meta.json names the backend
+        if meta["kind"] != "engines" or meta.get("backend") not in BACKENDS:
+            raise ConfigError(f"{src.engines}/meta.json: kind {meta['kind']!r} backend {meta.get('backend')!r}; "
                               f"expected kind 'engines' and a backend of {sorted(BACKENDS)}")
-        if src.backend and src.backend != name:
-            raise ConfigError(f"--backend {src.backend} but {src.engines} holds {name} engines")
-        tok = load_tokenizer(src.engines)
-        return load_backend(name, engines=src.engines, meta=meta, tokenizer=tok, device=src.device,
-                            max_len=max_len, threads=src.threads), tok
+        if name != meta.get("backend"):
+            raise ConfigError(f"--backend {name} but {src.engines} holds {meta.get('backend')} engines")
+    spec.engines, spec.meta = Path(src.engines), meta
+    spec.manifest = read_manifest(src.engines, name) if name in ENGINE_BACKENDS else None
+    spec.tokenizer = load_tokenizer(src.engines)
+    return name
+
+
+def _models_spec(src: ModelSource, spec: BackendSpec, default_tokenizer) -> str:
+    """Fill `spec` from a checkpoint folder or a preset (the torch reference backend) -> "torch"."""
     name = src.backend or "torch"
-    if name not in ("torch", "table"):
+    if name != "torch":
         raise ConfigError(f"--backend {name} runs built engines: give --engines DIR "
                           "(--checkpoint and --preset run the torch reference backend)")
     if src.checkpoint is not None:
-        tok = load_tokenizer(src.checkpoint)
+        spec.tokenizer = load_tokenizer(src.checkpoint)
         if is_release(src.checkpoint):    # no drafts inside: --draft self|none|DIR
-            return load_backend(name, checkpoints={"alpamayo": Path(src.checkpoint)}, tokenizer=tok,
-                                draft=src.draft, device=src.device, eager=src.eager, max_len=max_len), tok
-        ckpts = find_checkpoints(src.checkpoint, src.draft)
-        draft = None if "draft" in ckpts else src.draft    # a variant found here, or self/none/a path
-        return load_backend(name, checkpoints=ckpts, tokenizer=tok, draft=draft,
-                            device=src.device, eager=src.eager, max_len=max_len), tok
+            spec.checkpoints = {"alpamayo": Path(src.checkpoint)}
+        else:
+            spec.checkpoints = find_checkpoints(src.checkpoint, src.draft)
+            spec.draft = None if "draft" in spec.checkpoints else src.draft   # a variant found here, or self/none/a path
+        return name
     if default_tokenizer is None:
         raise ConfigError("--preset models need a tokenizer; give --checkpoint DIR with tokenizer.json")
-    tok = default_tokenizer()
-    if name == "table":
-        return load_backend("table", vocab_size=len(tok), max_len=max_len, seed=src.random_init,
-                            draft_noise=0.5, stop_id=tok.cot_end, stop_slope=0.3), tok
-    return load_backend(name, preset=src.preset, seed=src.random_init, tokenizer=tok,
-                        draft=src.draft, device=src.device, eager=src.eager, max_len=max_len), tok
+    spec.tokenizer, spec.preset = default_tokenizer(), src.preset
+    return name

@@ -13,7 +13,9 @@ it are stale, never erased, and overwritten later.
     set_mask(allowed, first)        tokens allowed from now on (masked logits -> -inf); a
                                     (P, V) mask is periodic: sequence index i uses row
                                     (i - first) % P (x / y trajectory bins alternate)
-    draft(tokens, start, k, pick)   feed `tokens` to the draft at `start`, then chain k tokens
+    draft(tokens, start, k, sampling)  feed `tokens` to the draft at `start`, then chain k
+                                    tokens -> (k,) ids, and the (k, V) probabilities they were
+                                    sampled from when `sampling` is given (else None: argmax)
     verify(tokens, start, readout)  one target pass over `tokens` at `start`: one row each
     action(tokens, start, v0, seed) write `tokens` at `start`, run the action expert on the
                                     target cache [0, start+len(tokens)) -> (64, 3) waypoints
@@ -23,22 +25,64 @@ entries -inf): the few integers or probabilities the acceptance rule needs.
 
 Backends are modules of runtime/backends/ and are loaded by name, so the engine library
 (torch, onnxruntime, tensorrt, tensorrt_llm) is imported only when that backend is chosen.
+Every module has one `create(spec: BackendSpec)`. The host logic every backend needs (the
+cache row check, the tokenizer check, the draft's sampling, the readout) is written once here.
 """
 from __future__ import annotations
 
 import abc
 import importlib
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
 
 import numpy as np
 
 from prompt.config import ConfigError
+from runtime.acceptance import process_logits, sample
 
 READOUTS = ("argmax", "logits")
-# CLI name -> module of runtime.backends ("table" is the numpy test double)
+# CLI name -> module of runtime.backends
 BACKENDS = {"torch": "torch", "onnxruntime": "onnxruntime", "tensorrt": "tensorrt",
-            "tensorrt-llm": "tensorrt_llm", "table": "table"}
+            "tensorrt-llm": "tensorrt_llm"}
+
+
+@dataclass
+class BackendSpec:
+    """What a backend is made from: `create(spec)` of every backend module reads the fields it
+    needs. An engines folder (its meta.json and, for built engines, manifest.json), or
+    checkpoints {kind: folder}, or a preset of random weights (seeded)."""
+    tokenizer: object
+    max_len: int | None = None          # cache rows (None: what the engines were exported for)
+    device: str = "cpu"
+    eager: bool = False                 # no CUDA graphs
+    engines: Path | None = None
+    meta: dict | None = None            # engines/meta.json
+    manifest: dict | None = None        # engines/manifest.json (tensorrt, tensorrt-llm)
+    k_max: int | None = None            # the planner's largest draft length (engine shapes)
+    threads: int = 0                    # engine CPU threads (onnxruntime; 0: its default)
+    checkpoints: dict | None = None     # {kind: folder} (torch)
+    preset: str | None = None           # random weights of configs/models/NAME.yaml (torch)
+    seed: int | None = None             # of the random weights (None: 0)
+    draft: str | None = None            # None (the checkpoint's), "self", "none" or a folder
+    draft_noise: float = 0.0            # "self" drafts with noised weights (bench reference)
+    static: bool = False                # torch: the static-cache forward
+
+
+@dataclass(frozen=True)
+class DraftSampling:
+    """How the draft samples its k proposals: q_j = process_logits(masked logits_j, temperature,
+    top_p), proposal j = sample(q_j, u[j]), u (k,) uniforms the acceptance rule drew first."""
+    temperature: float
+    top_p: float
+    u: np.ndarray
+
+
+def check_tokenizer(meta: dict, tokenizer, folder) -> None:
+    """An engines folder's meta.json names the tokenizer its graphs were made with."""
+    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
+        raise ConfigError(f"{folder}/tokenizer.json (sha256 {tokenizer.fingerprint[:12]}...) is not "
+                          f"the tokenizer these engines were made with "
+                          f"(sha256 {str(meta['tokenizer_sha256'])[:12]}...)")
 
 
 @dataclass
@@ -65,6 +109,7 @@ class Backend(abc.ABC):
     # at once without slowing each other much (a GPU side stream). False on a CPU: the planner
     # then never runs two expert batches at once.
     concurrent_action = False
+    fused = False                   # the draft reads the target's features (EAGLE-style)
     vocab_size: int
     max_len: int                    # cache capacity in tokens
 
@@ -86,9 +131,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def draft(self, tokens: np.ndarray, start: int, k: int,
-              pick: Callable[[np.ndarray], int] | None = None) -> np.ndarray:
-        """Feed `tokens` (>= 1) at draft row `start`, then chain k tokens -> (k,) int64.
-        pick(logits (V,) fp32) -> id chooses each (sampling); None = masked argmax on device."""
+              sampling: DraftSampling | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Feed `tokens` (>= 1) at draft row `start`, then chain k tokens -> ((k,) int64, q):
+        q (k, V) fp32 the probabilities each was sampled from (`sampling`), None for the masked
+        argmax (greedy: chosen on the device, only the ids come back)."""
 
     @abc.abstractmethod
     def verify(self, tokens: np.ndarray, start: int, readout: str) -> np.ndarray:
@@ -106,9 +152,42 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release engine resources (streams, graphs, sessions)."""
 
+    # --- host logic shared by every backend --------------------------------------------------
+    def check_rows(self, start: int, n: int) -> None:
+        """Rows [start, start+n) must lie in the cache [0, max_len)."""
+        if start < 0 or start + n > self.max_len:
+            raise ValueError(f"{self.name} backend: rows [{start}, {start + n}) outside the cache "
+                             f"[0, {self.max_len})")
 
-def load_backend(name: str, **kwargs) -> Backend:
-    """Import runtime.backends.<module> only now, and build its backend with `kwargs`."""
+    def feed_features(self, start: int, n: int):
+        """(1, n, F) target features of rows start-1 .. start+n-2 for n tokens fed to a fused draft
+        at `start` (draft row j reads target row j-1; row -1 is zeros), from `self.feats`
+        (max_len, F) (a numpy array or a torch tensor); None when the draft is not fused."""
+        if not self.fused:
+            return None
+        if start > 0:                       # the usual case: a view, no copy
+            return self.feats[start - 1:start + n - 1][None]
+        f = self.feats[[0] + list(range(n - 1))]     # a copy: row -1 (zeros) then rows 0..n-2
+        f[0] = 0
+        return f[None]
+
+    @staticmethod
+    def draw(logits: np.ndarray, sampling: DraftSampling, j: int) -> tuple[int, np.ndarray]:
+        """Proposal j of a sampled draft from its masked fp32 logits (V,) -> (id, q (V,))."""
+        q = process_logits(logits, sampling.temperature, sampling.top_p)
+        return sample(q, float(sampling.u[j])), q
+
+    @staticmethod
+    def pick_readout(logits: np.ndarray, top: np.ndarray, readout: str) -> np.ndarray:
+        """The rows' readout from masked logits and their arg-max ids."""
+        check_readout(readout)
+        return top.astype(np.int64) if readout == "argmax" else logits.astype(np.float32)
+
+
+def load_backend(name: str, spec: BackendSpec | None = None, **fields) -> Backend:
+    """Import runtime.backends.<module> only now, and build its backend from `spec` (or from
+    BackendSpec(**fields))."""
+    spec = spec if spec is not None else BackendSpec(**fields)
     if name not in BACKENDS:
         raise ConfigError(f"backend {name!r} is not known; choose one of {sorted(BACKENDS)}")
     module_name = f"runtime.backends.{BACKENDS[name]}"
@@ -120,7 +199,7 @@ def load_backend(name: str, **kwargs) -> Backend:
                               f"(no module {module_name})") from None
         raise ConfigError(f"backend {name!r} needs the package {e.name!r}, which is not "
                           "installed") from None
-    return module.create(**kwargs)
+    return module.create(spec)
 
 
 def periodic_mask(allowed, vocab_size: int) -> np.ndarray:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from prompt.trajectory import DT, FUT_WAYPOINTS, HIST_POSES
 from runtime.config import CheckConfig
 
-DT = 0.1
-N_WAYPOINTS = 64
-HISTORY_SHAPE = (16, 3)
+HISTORY_SHAPE = (HIST_POSES, 3)
 
 
 def ego_speed(history: np.ndarray) -> float:
@@ -63,8 +62,8 @@ def kinematics(traj: np.ndarray, v0: float) -> dict[str, np.ndarray]:
 def check_trajectory(traj, v0: float, cfg: CheckConfig) -> list[str]:
     """Problems of a trajectory; [] when it may leave. Each problem names value, step, limit."""
     t = np.asarray(traj)
-    if t.shape != (N_WAYPOINTS, 3):
-        return [f"trajectory must have shape ({N_WAYPOINTS}, 3), got {t.shape}"]
+    if t.shape != (FUT_WAYPOINTS, 3):
+        return [f"trajectory must have shape ({FUT_WAYPOINTS}, 3), got {t.shape}"]
     if not np.isfinite(t).all():
         return [f"trajectory has a non-finite value at index {np.argwhere(~np.isfinite(t))[0].tolist()}"]
     kin = kinematics(t, v0)
@@ -88,12 +87,12 @@ def comfortable_stop(v0: float, cfg: CheckConfig, a0: float = 0.0) -> np.ndarray
     never changing direction. Passes check_trajectory for |v0| <= max_speed."""
     jerk = cfg.stop_decel / 0.5
     a, v, x = float(np.clip(a0, -cfg.stop_decel, 0.0)), abs(float(v0)), 0.0
-    xs = np.zeros(N_WAYPOINTS)
-    for i in range(N_WAYPOINTS):
+    xs = np.zeros(FUT_WAYPOINTS)
+    for i in range(FUT_WAYPOINTS):
         a = max(a - jerk * DT, -cfg.stop_decel) if v > 0 else 0.0
         v_next = max(v + a * DT, 0.0)
         x += 0.5 * (v + v_next) * DT
         v = v_next
         xs[i] = x
     xs = xs if v0 >= 0 else -xs
-    return np.stack([xs, np.zeros(N_WAYPOINTS), np.zeros(N_WAYPOINTS)], axis=1).astype(np.float32)
+    return np.stack([xs, np.zeros(FUT_WAYPOINTS), np.zeros(FUT_WAYPOINTS)], axis=1).astype(np.float32)

@@ -7,11 +7,70 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prompt.trajectory import TrajectoryRangeError, tokens_to_future
+from prompt.config import ConfigError
+from prompt.layout import build_prompt
+from prompt.positions import mrope_position_ids
+from prompt.trajectory import TrajectoryRangeError, saturate_history, tokens_to_future
+from runtime.backend import PrefillInputs
 
 
 class InputError(ValueError):
     """Bad cycle input (images, history, prompt length); the message names it and what is allowed."""
+
+
+FUTURE_TOKENS = 128     # trajectory tokens decoded by the LLM (trajectory: tokens): 64 x (x, y)
+
+
+def reserve_rows(cfg, tok) -> int:
+    """Cache rows kept free after the reasoning: <|cot_end|> and the layout's conditioning
+    tail (+ <|traj_future_start|> and the 128 trajectory tokens when decoded as tokens)."""
+    if cfg.trajectory == "expert":
+        return 1 + len(tok.conditioning.tail(tok))
+    return 2 + FUTURE_TOKENS
+
+
+def check_setup(backend, tokenizer, cfg) -> None:
+    """A planner's backend, tokenizer and PlannerConfig must fit together (ConfigError)."""
+    if backend.vocab_size != len(tokenizer):
+        raise ConfigError(f"backend vocab_size={backend.vocab_size} does not match the "
+                          f"tokenizer ({len(tokenizer)} tokens)")
+    if cfg.trajectory == "tokens" and not tokenizer.token_trajectory:
+        raise ConfigError(f"trajectory='tokens' needs a layout with x/y trajectory tokens; the "
+                          f"{tokenizer.layout!r} layout's trajectory comes from the expert")
+    if backend.exact_only and (cfg.spec.decoding != "greedy" or cfg.spec.relax_r):
+        raise ConfigError(f"backend {backend.name!r} accepts tokens inside its engine: only "
+                          "decoding='greedy' with relax_r=0 (exact acceptance) is available")
+
+
+def cycle_prompt(backend, tok, image_shape, history, res, after_prompt: int) -> PrefillInputs:
+    """Prompt ids and M-RoPE positions of a cycle; `after_prompt` cache rows must stay free
+    after it (reasoning and trajectory). InputError if the history or the length is bad."""
+    grid, merge = backend.vision_grid(image_shape)
+    n_tokens = [int(t * h * w) // merge**2 for t, h, w in grid]
+    try:
+        tokenized, saturated = saturate_history(history)
+        prompt = build_prompt(tok, n_tokens, tokenized)
+    except ValueError as e:
+        raise InputError(f"ego history cannot be tokenized: {e}") from None
+    if saturated:
+        res.flags.append("history_saturated")
+        res.notes.append("the ego history moves faster than its tokens can say (~31 m/s, "
+                         "1.2 rad/s): tokenized at that limit; the expert uses the exact speed")
+    room = len(prompt.ids) + after_prompt
+    if room > backend.max_len:
+        raise InputError(f"prompt of {len(prompt.ids)} tokens + {after_prompt} reasoning + trajectory "
+                         f"rows needs {room} cache rows; the backend has {backend.max_len}")
+    pos, delta = mrope_position_ids(prompt.ids, grid, merge, tok.image_pad, tok.vision_start)
+    res.prompt_len = len(prompt.ids)
+    return PrefillInputs(prompt.ids, pos, delta, prompt.image_spans)
+
+
+def future_mask(tok) -> np.ndarray:
+    """(2, V) bool: the periodic mask of decoded trajectory tokens (x bin, y bin, x bin, ...)."""
+    xy = np.zeros((2, len(tok)), bool)
+    xy[0, tok.fut_x_ids.start:tok.fut_x_ids.stop] = True
+    xy[1, tok.fut_y_ids.start:tok.fut_y_ids.stop] = True
+    return xy
 
 
 def check_images(images, cfg) -> np.ndarray:

@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime.acceptance import accept_greedy, accept_relaxed, accept_sampling, process_logits, sample
-from runtime.backend import PrefillInputs
+from runtime.backend import DraftSampling, PrefillInputs
 from runtime.budget import wall_ms
 from runtime.trace import span
 
 class GreedyRule:
     """Exact greedy: output identical to plain greedy decoding of the target."""
     readout = "argmax"
-    pick = None
 
-    def begin(self) -> None:
-        pass
+    def sampling(self, k: int) -> DraftSampling | None:
+        """How the draft chooses its k proposals: None = the masked arg-max."""
+        return None
 
     def first(self, row: np.ndarray) -> int:
         return int(row[0])
 
-    def accept(self, draft, rows) -> tuple[int, int]:
+    def accept(self, draft, q, rows) -> tuple[int, int]:
         return accept_greedy(draft, rows)
 
 
@@ -45,35 +45,40 @@ class RelaxedRule(GreedyRule):
     def __init__(self, range_ids: np.ndarray, r: int):
         self.range_ids, self.r = range_ids, int(r)
 
-    def accept(self, draft, rows) -> tuple[int, int]:
+    def accept(self, draft, q, rows) -> tuple[int, int]:
         return accept_relaxed(draft, rows, self.range_ids, self.r)
 
 
 class SamplingRule:
-    """Speculative sampling with temperature and top-p; the draft samples on the host from q."""
+    """Speculative sampling with temperature and top-p; the draft samples from q with the
+    uniforms drawn here first, and returns q with its proposals."""
     readout = "logits"
 
     def __init__(self, temperature: float, top_p: float, rng: np.random.Generator):
         self.temperature, self.top_p, self.rng = temperature, top_p, rng
-        self.q: list[np.ndarray] = []
 
-    def begin(self) -> None:
-        self.q = []
+    def sampling(self, k: int) -> DraftSampling:
+        return DraftSampling(self.temperature, self.top_p, self.rng.random(k))
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         return process_logits(logits, self.temperature, self.top_p)
 
-    def pick(self, logits: np.ndarray) -> int:
-        q = self.probs(logits)
-        self.q.append(q)
-        return sample(q, self.rng.random())
-
     def first(self, row: np.ndarray) -> int:
         return sample(self.probs(row[0]), self.rng.random())
 
-    def accept(self, draft, rows) -> tuple[int, int]:
-        q = np.stack(self.q) if len(draft) else np.zeros((0, rows.shape[-1]), np.float32)
+    def accept(self, draft, q, rows) -> tuple[int, int]:
+        q = q if len(draft) else np.zeros((0, rows.shape[-1]), np.float32)
         return accept_sampling(draft, q, self.probs(rows), self.rng)
+
+
+def make_rule(spec, phase: str, rng: np.random.Generator, range_ids: np.ndarray):
+    """The acceptance rule of a SpecConfig for a phase ("reasoning" or "trajectory"): relaxed
+    acceptance applies to trajectory tokens only."""
+    if spec.decoding == "sample":
+        return SamplingRule(spec.temperature, spec.top_p, rng)
+    if phase == "trajectory" and spec.relax_r:
+        return RelaxedRule(range_ids, spec.relax_r)
+    return GreedyRule()
 
 
 @dataclass
@@ -91,6 +96,17 @@ class DecodeState:
     def force(self, tokens) -> None:
         """Append tokens the target did not choose (e.g. a forced <|cot_end|>)."""
         self.seq.extend(int(t) for t in tokens)
+
+
+@dataclass
+class StepRecord:
+    """One draft -> verify step, as the loop's observer sees it."""
+    k: int                  # draft length (0: a plain target step)
+    draft: np.ndarray       # (k,) the draft's proposals
+    accepted: int           # n of them accepted
+    width: int              # tokens in the verify pass (pending + k)
+    draft_ms: float
+    verify_ms: float
 
 
 @dataclass
@@ -118,10 +134,11 @@ class DecodeStats:
 
 
 def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int,
-           reserve: int = 0, clock=wall_ms, stats: DecodeStats | None = None) -> str:
+           reserve: int = 0, clock=wall_ms, stats: DecodeStats | None = None, observer=None) -> str:
     """Step until seq ends with a stop id ("stop"), reaches `limit` tokens ("limit"), the cache
     (less `reserve` rows kept for the trajectory tail) is full ("max_len"), or the policy
-    returns None ("budget"). Returns the reason; `state` and `stats` are updated in place."""
+    returns None ("budget"). Returns the reason; `state` and `stats` are updated in place;
+    `observer(StepRecord)`, when given, sees every step."""
     stats = stats if stats is not None else DecodeStats()
     stops = {int(s) for s in stop_ids}
     while True:
@@ -136,25 +153,26 @@ def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int
         if k > room:
             k = room
             stats.branches["max_length"] += 1
-        step(backend, state, rule, policy, k, stops, clock, stats)
+        step(backend, state, rule, policy, k, stops, clock, stats, observer)
 
 
-def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, stats: DecodeStats) -> None:
+def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, stats: DecodeStats,
+         observer=None) -> None:
     """One draft -> verify -> accept step of draft length k (k = 0: a plain target step)."""
-    rule.begin()
     pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
     t0 = clock()
-    draft = np.zeros(0, np.int64)
+    draft, q = np.zeros(0, np.int64), None
     if k:
         with span("draft"):
-            draft = np.asarray(backend.draft(np.asarray(state.seq[state.d_len:], np.int64),
-                                             state.d_len, k, rule.pick), dtype=np.int64)
+            draft, q = backend.draft(np.asarray(state.seq[state.d_len:], np.int64), state.d_len, k,
+                                     rule.sampling(k))
+            draft = np.asarray(draft, dtype=np.int64)
     t1 = clock()
     with span("verify"):
         rows = backend.verify(np.concatenate([pending, draft]), state.t_len, rule.readout)
     t2 = clock()
     with span("accept"):
-        n, t = rule.accept(draft, rows[len(pending) - 1:])
+        n, t = rule.accept(draft, q, rows[len(pending) - 1:])
     emitted = [int(x) for x in draft[:n]] + [t]
     cut = next((i for i, x in enumerate(emitted) if x in stops), None)
     if cut is not None and cut < n:
@@ -168,6 +186,8 @@ def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, s
     state.t_len = len(state.seq) - 1
     policy.observe(k, n, t1 - t0, t2 - t1, len(pending) + k)
     _count(stats, k, n, len(emitted), t1 - t0, t2 - t1)
+    if observer is not None:
+        observer(StepRecord(k, draft, n, len(pending) + k, t1 - t0, t2 - t1))
 
 
 def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, verify_ms: float) -> None:
@@ -184,7 +204,7 @@ def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, ve
 
 
 def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, clock=wall_ms,
-             positions=None, rope_delta: int = 0):
+             positions=None, rope_delta: int = 0, observer=None):
     """Prefill a token prompt and decode up to max_new tokens -> (new tokens, reason, stats).
 
     For text-only prompts (benchmarks, tests, training's acceptance measurements): positions
@@ -196,5 +216,5 @@ def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, cl
     state = DecodeState.after_prefill(ids, rule.first(row))
     stats = DecodeStats()
     reason = decode(backend, state, rule, policy, stop_ids=stop_ids, limit=len(ids) + max_new,
-                    clock=clock, stats=stats)
+                    clock=clock, stats=stats, observer=observer)
     return state.seq[len(ids):], reason, stats

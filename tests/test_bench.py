@@ -1,4 +1,4 @@
-"""The bench machinery on the numpy table backend with a fake clock (runtime/backends/table.py):
+"""The bench machinery on the numpy table backend with a fake clock (tests/table_backend.py):
 simulated call costs make every time exact, so the measured decode-phase speedup must equal
 the ideal tau / mean(k c + v(k+1)) (no loop overhead exists in fake time), c and v must be the
 simulated cost ratios, speculative output must equal plain decoding on every scene, and the
@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from prompt.config import ConfigError
-from runtime.backends.table import TableBackend
+from runtime.loop import StepRecord
+from table_backend import TableBackend
 from runtime.budget import FakeClock
 from runtime.config import PlannerConfig
-from tools.sources import default_tokenizer
-from tools import accept_map
-from tools.bench import bench_scenes
-from tools.bench_run import BenchConfig, make_modes, run_bench
-from tools.bench_stats import ideal_speedup, loss_factors
+from bench.sources import default_tokenizer
+from bench import accept_map
+from bench.command import bench_scenes
+from bench.run import BenchConfig, make_modes, run_bench
+from bench.stats import ideal_speedup, loss_factors
 
 T_VERIFY, T_PER_TOKEN, T_DRAFT = 10.0, 0.5, 1.0     # ms: verify(w) = 10 + 0.5 (w - 1); draft 1 per token
 
@@ -41,7 +42,7 @@ def run_table(tok, cfg, drafts):
     clock = FakeClock()
     plain = table(tok, clock)
     backends = {name: table(tok, clock, **kw) for name, kw in drafts.items()}
-    modes = make_modes(backends, plain, cfg, clock=clock)
+    modes = make_modes(backends, plain, cfg)
     base = PlannerConfig(max_reasoning_tokens=24)
     return run_bench(modes, bench_scenes(cfg), tok, base, cfg, clock=clock)
 
@@ -148,7 +149,7 @@ def test_ideal_speedup_formula():
 
 
 def step(draft):
-    return accept_map.Step(len(draft), np.asarray(draft, np.int64), 1.0, len(draft) + 1, 2.0)
+    return StepRecord(len(draft), np.asarray(draft, np.int64), 0, len(draft) + 1, 1.0, 2.0)
 
 
 def test_labels_on_hand_made_steps():
@@ -193,7 +194,7 @@ def test_bad_bench_config_names_the_value():
 
 
 def test_issue_bar_needs_speed_identity_and_efficiency():
-    from tools.bench_report import criterion
+    from bench.report import criterion
 
     def rec(speedup, eff, fraction):
         mode = {"name": "flat k=8", "decode_speedup": {"all": speedup}, "efficiency": eff,

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from prompt.vocab import Tokenizer
 from runtime.adaptive import CostModel
-from runtime.backends.table import TableBackend
+from table_backend import TableBackend
 from runtime.budget import CycleBudget, FakeClock
 from runtime.config import BudgetConfig, PlannerConfig, SpecConfig
 from runtime.planner import Planner

@@ -18,7 +18,8 @@ from calibration.record import CACHE_INPUTS, load
 from calibration.scenes import calibration_scenes
 from engines import build as eb
 from prompt.config import ConfigError, file_sha256
-from runtime.artifacts import ModelSource, open_backend, read_meta
+from prompt.meta import read_meta
+from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner
 from scenes.world import make_scene

@@ -5,10 +5,10 @@ from hypothesis import given, settings, strategies as st
 
 from runtime.checks import (check_history, check_trajectory, comfortable_stop, ego_speed,
                             kinematics)
+from prompt.trajectory import DT
 from runtime.config import CheckConfig
 
 CFG = CheckConfig()
-DT = 0.1
 
 
 def cruise(v=10.0, a=0.0, curvature=0.0):

@@ -109,7 +109,7 @@ def test_a_reordered_tokenizer_is_refused(ckpt, tmp_path, capsys):
 def test_null_sections_of_a_profile_exit_2(tmp_path, capsys, yaml_text, word):
     profile = tmp_path / "p.yaml"
     profile.write_text(yaml_text + "\n")
-    code = plan("--preset", "tiny", "--random-init", "0", "--backend", "table", "--profile", str(profile),
+    code = plan("--preset", "tiny", "--random-init", "0", "--profile", str(profile),
                 "--out", str(tmp_path / "o"))
     assert code == 2 and word in capsys.readouterr().err
 
@@ -127,5 +127,5 @@ def test_bad_arguments_exit_2(tmp_path, capsys, args, word):
 
 def test_out_pointing_at_a_file_exits_2(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
-    code = plan("--preset", "tiny", "--random-init", "0", "--backend", "table", "--out", str(tmp_path / "f"))
+    code = plan("--preset", "tiny", "--random-init", "0", "--out", str(tmp_path / "f"))
     assert code == 2 and "is a file" in capsys.readouterr().err

@@ -2,7 +2,6 @@
 the fallback worker, two expert batches at once on a CPU, highway and reversing histories,
 config values that were silently misread. Each test failed before its fix."""
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from prompt.config import ConfigError
 from prompt.trajectory import encode_history, saturate_history
 from prompt.vocab import Tokenizer
-from runtime.backends.table import TableBackend
+from table_backend import TableBackend
 from runtime.budget import FakeClock
 from runtime.checks import check_trajectory, comfortable_stop, ego_speed
 from runtime.config import BudgetConfig, CheckConfig, PlannerConfig, SpecConfig, load_planner_config
@@ -55,59 +54,93 @@ def test_one_slow_trajectory_does_not_lock_the_reasoning_out():
     assert sum(r.source == "reasoning" for r in results[back:]) > 0
 
 
-class Sleepy(TableBackend):
-    """action() sleeps `worker_sleep` s (or raises) when called from a worker thread."""
-    worker_sleep, worker_raises, concurrent_action = 0.0, False, True
+SAFETY_S = 30.0     # a wait on an event that should come at once; only a regression reaches it
+
+
+class Gated(TableBackend):
+    """action() in a worker thread blocks on the `gate` event (or raises); no wall-clock sleeps.
+    `inside` counts the worker calls still running."""
+    worker_raises, concurrent_action = False, True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.gate, self.inside = threading.Event(), 0
 
     def action(self, *args, **options):
         if threading.current_thread() is not threading.main_thread():
             if self.worker_raises:
                 raise RuntimeError("injected fallback failure")
-            time.sleep(self.worker_sleep)
+            self.inside += 1
+            try:
+                self.gate.wait(SAFETY_S)
+            finally:
+                self.inside -= 1
         return super().action(*args, **options)
 
 
-def sleepy_planner(**be_attrs):
-    be = Sleepy(len(TOK), draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
+class SpyLock:
+    """The planner's expert lock, recording the main thread's waits on it (their timeouts) and
+    setting `main_waits` when the main thread first asks for it."""
+
+    def __init__(self, lock):
+        self.lock, self.main_timeouts, self.main_waits = lock, [], threading.Event()
+
+    def acquire(self, timeout=-1):
+        if threading.current_thread() is threading.main_thread():
+            self.main_timeouts.append(timeout)
+            self.main_waits.set()
+        return self.lock.acquire(timeout=timeout)
+
+    def release(self):
+        self.lock.release()
+
+
+def gated_planner(**be_attrs):
+    be = Gated(len(TOK), draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
     for k, v in be_attrs.items():
         setattr(be, k, v)
     budget = BudgetConfig(budget_ms=400.0, margin_ms=5.0, prior_vision_ms=50, prior_prefill_ms=50,
                           prior_trajectory_ms=100)
-    return Planner(be, TOK, PlannerConfig(budget=budget, fallback="worker")), be
+    return Planner(be, TOK, PlannerConfig(budget=budget, fallback="worker"), clock=FakeClock()), be
 
 
 def test_a_stuck_fallback_worker_holds_the_next_cycle_only_a_bounded_time():
-    """Before: a worker that slept 3 s made the next plan() take 3 s, counted in no stage."""
-    p, be = sleepy_planner(worker_sleep=3.0)
-    assert p.plan(IMAGES, history(8)).source == "reasoning"          # its fallback still sleeps
-    t0 = time.perf_counter()
+    """Before: a worker that never finished held the next plan() until it did, counted in no
+    stage. Now the wait is bounded: plan() returns while the worker is still blocked."""
+    p, be = gated_planner()
+    assert p.plan(IMAGES, history(8)).source == "reasoning"          # its fallback is blocked
     res = p.plan(IMAGES, history(8))
-    took = time.perf_counter() - t0
-    assert took < 1.0, took
+    assert be.inside >= 1, "plan() waited for the stuck worker to finish"
     assert "fallback_stuck" in res.flags and res.trajectory is not None
-    # the wait (at most Planner.wait_cap_ms, 50 ms here) is a stage of its own
-    assert 45.0 <= res.timing["stages_ms"]["fallback_wait"] <= 500.0
-    be.worker_sleep = 0.0
+    assert "fallback_wait" in res.timing["stages_ms"]                 # the wait is a stage of its own
+    be.gate.set()
     p.close()
 
 
 def test_budget_off_waits_for_a_slow_fallback_instead_of_giving_up():
     """Before: with the budget off, the wait cap still came from the profile's trajectory prior
     (an Orin profile's 15 ms on a CPU: 60 ms), so the final trajectory gave up on an expert busy
-    with a 300 ms fallback and the cycle ended in a stop ("expert_busy")."""
-    be = Sleepy(len(TOK), draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
-    be.worker_sleep, be.concurrent_action = 0.3, False
+    with a longer fallback and the cycle ended in a stop ("expert_busy"). The worker here holds
+    the expert until the final trajectory asks for it."""
+    be = Gated(len(TOK), draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
+    be.concurrent_action = False
     budget = BudgetConfig(budget_ms=0.0, prior_trajectory_ms=15.0)
-    p = Planner(be, TOK, PlannerConfig(budget=budget, fallback="worker"))
+    p = Planner(be, TOK, PlannerConfig(budget=budget, fallback="worker"), clock=FakeClock())
+    spy = p.fallback.lock = SpyLock(p.fallback.lock)
+    be.gate = spy.main_waits             # the fallback ends once the main thread waits for the expert
     for _ in range(2):
+        spy.main_waits.clear()
         res = p.plan(IMAGES, history(8))
         assert res.source == "reasoning" and "expert_busy" not in res.flags, (res.source, res.flags, res.error)
-    be.worker_sleep = 0.0
+    # the final trajectory's bounded wait (then run_expert takes the free lock, timeout -1) may
+    # last as long as a hung worker takes, not the prior's 60 ms
+    bounded = [t for t in spy.main_timeouts if t >= 0]
+    assert len(bounded) == 2 and min(bounded) >= 10.0, spy.main_timeouts
     p.close()
 
 
 def test_a_failed_fallback_worker_leaves_a_flag():
-    p, _ = sleepy_planner(worker_raises=True)
+    p, _ = gated_planner(worker_raises=True)
     first = p.plan(IMAGES, history(8))
     assert first.source == "reasoning"                               # its fallback was not needed
     second = p.plan(IMAGES, history(8))
@@ -117,29 +150,48 @@ def test_a_failed_fallback_worker_leaves_a_flag():
 
 
 class Counting(TableBackend):
-    """Records how many action() calls run at once; each takes 30 ms of wall time."""
+    """Records how many action() calls run at once. The worker's call stays inside until the
+    main thread arrives (asks for the expert lock, or calls action itself), and the reasoning
+    starts only once the worker is inside, so a missing lock always shows as two at once."""
     concurrent_action = False
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.active, self.most, self.lock = 0, 0, threading.Lock()
+        self.active, self.most, self.count_lock = 0, 0, threading.Lock()
+        self.worker_inside, self.main_arrived = threading.Event(), threading.Event()
+
+    def vision(self, images):
+        self.worker_inside.clear()
+        self.main_arrived.clear()
+        return super().vision(images)
+
+    def verify(self, tokens, start, readout):
+        self.worker_inside.wait(SAFETY_S)
+        return super().verify(tokens, start, readout)
 
     def action(self, *args, **options):
-        with self.lock:
+        worker = threading.current_thread() is not threading.main_thread()
+        if not worker:
+            self.main_arrived.set()
+        with self.count_lock:
             self.active += 1
             self.most = max(self.most, self.active)
-        time.sleep(0.03)
+        if worker:
+            self.worker_inside.set()
+            self.main_arrived.wait(SAFETY_S)
         try:
             return super().action(*args, **options)
         finally:
-            with self.lock:
+            with self.count_lock:
                 self.active -= 1
 
 
 def test_never_two_expert_batches_at_once_on_a_cpu_backend():
     """Before: the final trajectory and the worker's fallback overlapped (1.4-3.3 s on CPU)."""
     be = Counting(len(TOK), draft_noise=0.0, stop_id=TOK.cot_end, stop_slope=1.0)
-    p = Planner(be, TOK, PlannerConfig(fallback="worker"))
+    p = Planner(be, TOK, PlannerConfig(fallback="worker"), clock=FakeClock())
+    spy = p.fallback.lock = SpyLock(p.fallback.lock)
+    be.main_arrived = spy.main_waits
     for _ in range(6):
         res = p.plan(IMAGES, history(8))
         assert res.trajectory is not None

@@ -33,7 +33,7 @@ def engines(tiny_onnx):
 @pytest.fixture(scope="module")
 def ref():
     tok, cfg, target, expert = io.load_planner(SHIPPED)
-    cfg, draft, _ = io.load_draft(io.scan(SHIPPED)[1]["flat"], cfg, target)
+    cfg, draft, _ = io.load_draft(io.scan_checkpoints(SHIPPED)[1]["flat"], cfg, target)
     return tok, cfg, target, expert, draft
 
 

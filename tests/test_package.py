@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ["prompt", "scenes", "models", "train", "export", "calibration", "engines", "runtime", "tools"]
+OURS = ["prompt", "scenes", "models", "train", "export", "calibration", "engines", "runtime", "bench", "tools"]
 
 
 def _top_level_names(dist) -> set[str]:

@@ -6,7 +6,7 @@ import pytest
 
 from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
-from runtime.backends.table import TableBackend
+from table_backend import TableBackend
 from runtime.checks import check_trajectory
 from runtime.config import CheckConfig, PlannerConfig, SpecConfig
 from runtime.planner import Planner

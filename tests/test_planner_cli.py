@@ -16,10 +16,10 @@ def specdrive(*args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_plan_on_synthetic_scenes_with_the_table_backend(tmp_path):
+def test_plan_on_synthetic_scenes_with_random_weights(tmp_path):
     pytest.importorskip("scenes.world")
     out = tmp_path / "run"
-    r = specdrive("--preset", "tiny", "--random-init", "0", "--backend", "table", "--scenes", "3",
+    r = specdrive("--preset", "tiny", "--random-init", "0", "--scenes", "3", "--max-reasoning", "6",
                   "--budget-ms", "0", "--pictures", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in (out / "cycles.jsonl").read_text().splitlines()]

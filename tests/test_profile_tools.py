@@ -4,7 +4,7 @@ import json
 import pytest
 
 from runtime.trace import Range
-from tools import profile_report, timeline
+from bench import profile_report, timeline
 
 
 def ranges():

@@ -18,14 +18,15 @@ def loaded_after(code: str) -> set[str]:
 
 def test_every_runtime_module_imports_without_torch():
     assert "runtime.planner" in LEAN and "runtime.loop" in LEAN
-    code = "import runtime, runtime.backends, runtime.backends.table\n" + "\n".join(f"import {m}" for m in LEAN)
+    code = "import runtime, runtime.backends, runtime.backends.graphs\n" + "\n".join(f"import {m}" for m in LEAN)
     heavy = {m for m in loaded_after(code) if m.split(".")[0] in HEAVY}
     assert not heavy, f"lean runtime imported {sorted(heavy)[:5]}"
 
 
-def test_the_table_backend_loads_by_name_without_torch():
-    mods = loaded_after("from runtime.backend import load_backend\nload_backend('table', vocab_size=8)")
-    assert "runtime.backends.table" in mods and "torch" not in mods
+def test_the_onnxruntime_backend_loads_by_name_without_torch(tiny_onnx):
+    mods = loaded_after("from runtime.artifacts import ModelSource, open_backend\n"
+                        f"open_backend(ModelSource(engines={str(tiny_onnx)!r}), None)")
+    assert "runtime.backends.onnxruntime" in mods and "torch" not in mods
 
 
 def test_the_torch_backend_brings_torch_only_when_chosen():

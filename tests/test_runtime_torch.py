@@ -11,6 +11,7 @@ from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
 from runtime.artifacts import find_checkpoints
 from models.io import with_tokenizer
+from runtime.backend import BackendSpec
 from runtime.backends.torch import create
 from policies import FixedK
 from runtime.loop import GreedyRule, generate
@@ -34,7 +35,7 @@ def saved(tmp_path_factory):
 
 def test_checkpoints_load_and_decode_like_the_models_they_came_from(saved):
     root, (target, expert, draft) = saved
-    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    be = create(BackendSpec(TOK, checkpoints=find_checkpoints(root), max_len=128))
     prompt = np.arange(20, 40)
     out, _, _ = generate(be, prompt, GreedyRule(), FixedK(3), max_new=12)
     with torch.no_grad():
@@ -50,15 +51,15 @@ def test_a_checkpoint_of_another_vocabulary_is_refused(saved):
     root, _ = saved
     other = Tokenizer.build("a b c".split())
     with pytest.raises(ConfigError, match="another vocabulary"):
-        create(other, checkpoints=find_checkpoints(root))
+        create(BackendSpec(other, checkpoints=find_checkpoints(root)))
 
 
 def test_a_target_only_checkpoint_needs_a_draft_choice(saved, tmp_path):
     root, _ = saved
     ckpts = {k: v for k, v in find_checkpoints(root).items() if k != "draft"}
     with pytest.raises(ConfigError, match="--draft self or --draft none"):
-        create(TOK, checkpoints=ckpts)
-    be = create(TOK, checkpoints=ckpts, draft="none", max_len=64)
+        create(BackendSpec(TOK, checkpoints=ckpts))
+    be = create(BackendSpec(TOK, checkpoints=ckpts, draft="none", max_len=64))
     out, _, stats = generate(be, np.arange(20, 30), GreedyRule(), FixedK(0), max_new=5)
     assert len(out) == 5 and stats.drafted == 0
     with pytest.raises(ConfigError, match="k = 0"):
@@ -71,7 +72,7 @@ def test_the_fallback_expert_runs_beside_the_reasoning(saved):
     from concurrent.futures import ThreadPoolExecutor
 
     root, _ = saved
-    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    be = create(BackendSpec(TOK, checkpoints=find_checkpoints(root), max_len=128))
     prompt = np.arange(20, 50)
     generate(be, prompt, GreedyRule(), FixedK(0), max_new=1)
     alone = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7)
@@ -91,7 +92,7 @@ def test_the_final_expert_depends_on_the_text_not_on_how_its_rows_were_written(s
     rewritten in one pass, so stale or differently rounded reasoning rows (verify passes of
     other widths) cannot reach the trajectory."""
     root, _ = saved
-    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    be = create(BackendSpec(TOK, checkpoints=find_checkpoints(root), max_len=128))
     prompt, coc = np.arange(20, 50), np.array([31, 32, 33, TOK.cot_end])
     generate(be, prompt, GreedyRule(), FixedK(0), max_new=1)
     clean = be.action(coc, len(prompt), 8.0, seed=7)
@@ -104,7 +105,7 @@ def test_the_mean_of_several_expert_draws_is_the_experts_own_mean(saved):
     """action(samples=S) returns the waypoints of ActionExpert.sample(samples=S) on the same
     cache and seed (one batch of S draws averaged in action space), and it differs from one draw."""
     root, (_, expert, _) = saved
-    be = create(TOK, checkpoints=find_checkpoints(root), max_len=128)
+    be = create(BackendSpec(TOK, checkpoints=find_checkpoints(root), max_len=128))
     prompt = np.arange(20, 50)
     generate(be, prompt, GreedyRule(), FixedK(0), max_new=1)
     one = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from prompt.vocab import Tokenizer
-from runtime.backends.table import TableBackend
+from table_backend import TableBackend
 from runtime.budget import FakeClock
 from runtime.checks import check_trajectory, ego_speed
 from runtime.config import BudgetConfig, CheckConfig, PlannerConfig, SpecConfig

@@ -1,4 +1,4 @@
-"""The speculative loop on the numpy table backend (runtime/backends/table.py): greedy output
+"""The speculative loop on the numpy table backend (tests/table_backend.py): greedy output
 equals plain decoding for every k and adaptive k, every branch is hit, a budget cut is a
 prefix, rollback bugs are caught, sampled output follows the target's joint distribution.
 
@@ -13,7 +13,7 @@ import pytest
 from runtime.acceptance import process_logits
 from runtime.adaptive import CostModel, StepPolicy
 from runtime.backend import PrefillInputs
-from runtime.backends.table import TableBackend
+from table_backend import TableBackend
 from runtime.config import BudgetConfig
 from policies import FixedK
 from runtime.loop import (DecodeState, DecodeStats, GreedyRule, SamplingRule, decode,

@@ -1,7 +1,7 @@
-"""The house rules that keep one model, one forward (ARCHITECTURE.md rule 7) and an acyclic
+"""The house rules that keep one model, one forward (docs/architecture.md rule 7) and an acyclic
 import graph, checked on the source so they cannot quietly come back:
 
-- runtime/, train/ and tools/ name no model internals (decoder-layer, attention or draft-fusion
+- runtime/, train/, bench/ and tools/ name no model internals (decoder-layer, attention or draft-fusion
   arithmetic, KV-cache writes): they call the public forwards and blocks of models/;
 - no file uses a private `_name` that another file defines;
 - no import cycle between modules of the project's packages, function-local imports included.
@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("prompt", "scenes", "models", "runtime", "train", "tools", "export", "calibration", "engines")
-OUTSIDE_MODELS = ("runtime", "train", "tools")
+PACKAGES = ("prompt", "scenes", "models", "runtime", "train", "bench", "tools", "export", "calibration", "engines")
+OUTSIDE_MODELS = ("runtime", "train", "bench", "tools")
 # what only models/ may write: the pieces of a decoder layer, attention, the draft's fusion
 # and the cache writes of the one cache contract
 INTERNALS = {

@@ -9,7 +9,7 @@ import pytest
 
 from prompt.vocab import Tokenizer
 from runtime import trace
-from runtime.backends.table import TableBackend
+from table_backend import TableBackend
 from runtime.config import PlannerConfig
 from runtime.planner import Planner
 

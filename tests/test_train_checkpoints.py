@@ -53,4 +53,4 @@ def test_one_loader_refuses_a_reordered_tokenizer():
     other = Tokenizer.build(list(reversed(tok.words)))
     assert len(other) == len(tok) and other.fingerprint != tok.fingerprint
     with pytest.raises(ConfigError, match="not the one this checkpoint was trained with"):
-        io.load_models(io.scan(SHIPPED)[0], other)
+        io.load_models(io.scan_checkpoints(SHIPPED)[0], other)

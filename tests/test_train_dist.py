@@ -91,7 +91,7 @@ def test_sft_on_two_gloo_ranks_matches_one_process(tmp_path):
         launch = [sys.executable] if nproc == 1 else [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0"]
-        proc = subprocess.run([*launch, "-m", "train.cli", "sft", "--config", str(tmp_path / f"{name}.yaml")],
+        proc = subprocess.run([*launch, "-m", "tools.train_cli", "sft", "--config", str(tmp_path / f"{name}.yaml")],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, proc.stderr[-3000:]
         finals[name] = safetensors.torch.load_file(str(tmp_path / name / "ckpt" / "target" / "target.safetensors"))

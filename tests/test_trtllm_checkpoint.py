@@ -42,7 +42,7 @@ def stub_calibrate(profile, out, meta, planner, progress):
 def models():
     tok = Tokenizer.load(CKPT / "tokenizer.json")
     draft_dir = trtllm.standalone_draft(CKPT)
-    return io.load_models({**io.scan(CKPT)[0], "draft": draft_dir}, tok)
+    return io.load_models({**io.scan_checkpoints(CKPT)[0], "draft": draft_dir}, tok)
 
 
 @pytest.fixture(scope="module")

@@ -5,33 +5,16 @@
                     [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T]
                     --json OUT [--plot PNG] [--accept-plot PNG]
 
-Modes: plain target decoding, then every draft with each fixed k and adaptive k (greedy). Per
-mode: tau, reasoning tokens/s, decode-phase speedup over plain (median and min-max over the
-repeats; vision and prefill reported separately), the scenes whose reasoning equals plain
-decoding's, cycle latency p50/p99/max, deadline misses, the measured draft cost ratio c and
-verify-width costs, the ideal speedup tau / (k c + v(k+1)) and the efficiency against it; and
-where the draft is accepted (routine vs commitment words, scenario families). Writes OUT (JSON),
-a speedup plot and a picture of one scene's reasoning colored by who produced each word.
-Drafts of a checkpoint folder are found by their meta.json (kind "draft"), never by folder name.
+What it measures and writes: bench/command.py (the library this command calls).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
+from bench import command
 from prompt.config import ConfigError
-from runtime.artifacts import load_tokenizer, read_meta, scan_checkpoints
-from runtime.backend import load_backend
-from runtime.config import load_planner_config
-from tools import bench_report
-from tools.threads import torch_threads
-from tools.bench_run import BenchConfig, BenchScene, machine_info, make_modes, run_bench
-
-SELF_DRAFTS = ("self",)
 
 
 def add_parser(subparsers) -> None:
@@ -72,173 +55,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", type=Path, help="speedup plot (default: OUT with .png)")
     p.add_argument("--accept-plot", type=Path, help="where-accepted picture (default: OUT_accept.png)")
     p.add_argument("--picture-scene", type=int, default=0, help="scene index of the where-accepted picture")
-    p.set_defaults(run=run)
-
-
-def bench_config(args, profile) -> BenchConfig:
-    try:
-        ks = tuple(int(k) for k in args.ks.split(",") if k.strip())
-    except ValueError:
-        raise ConfigError(f"--ks {args.ks!r} must be comma-separated integers, e.g. 4,8") from None
-    deadline = profile.budget.budget_ms if args.deadline_ms is None else args.deadline_ms
-    return BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, repeats=args.repeats,
-                       warmup=args.warmup, ks=ks, adaptive=not args.no_adaptive, budget_ms=args.budget_ms,
-                       deadline_ms=deadline, max_reasoning_tokens=args.max_reasoning,
-                       picture_scene=args.picture_scene)
-
-
-def _selected(names: list[str], wanted: list[str], what: str) -> list[str]:
-    bad = [w for w in wanted if w not in names]
-    if bad:
-        raise ConfigError(f"--drafts {bad[0]!r} is not available; {what}: {names}")
-    return wanted
-
-
-def open_backends(args, max_len: int):
-    """(tokenizer, plain backend, {draft label: backend} with caches of max_len rows, description
-    of the source)."""
-    name = args.backend or "torch"
-    if args.engines is not None:
-        meta = read_meta(args.engines)
-        if meta["kind"] != "engines" or (args.backend and meta.get("backend") != args.backend):
-            raise ConfigError(f"{args.engines}/meta.json: kind {meta['kind']!r} backend "
-                              f"{meta.get('backend')!r}; expected kind 'engines' (and --backend to match)")
-        tok = load_tokenizer(args.engines)
-        be = load_backend(meta["backend"], engines=args.engines, meta=meta, tokenizer=tok,
-                          device=args.device, max_len=max_len, threads=args.threads)
-        return tok, be, {str(meta.get("draft", "draft")): be}, f"engines {args.engines}"
-    if name != "torch":
-        raise ConfigError(f"--backend {name} runs built engines: give --engines DIR")
-    common = {"device": args.device, "eager": args.eager, "max_len": max_len}
-    if args.checkpoint is not None:
-        return _checkpoint_backends(args, common)
-    if args.random_init is None:
-        raise ConfigError("--preset needs --random-init SEED (random weights)")
-    from tools.sources import default_tokenizer
-
-    tok = default_tokenizer()
-    base = {"preset": args.preset, "seed": args.random_init, "tokenizer": tok, **common}
-    drafts = _self_drafts((args.drafts or "self,noised:0.02").split(","), base)
-    return tok, load_backend("torch", draft="none", **base), drafts, f"preset {args.preset} (random weights)"
-
-
-def _selected_preset(text: str) -> list[str]:
-    out = []
-    for d in (x.strip() for x in text.split(",") if x.strip()):
-        ok = d in ("self", "routine")
-        if d.startswith("noised:"):
-            try:
-                ok = float(d.split(":")[1]) > 0
-            except ValueError:
-                ok = False
-        if not ok:
-            raise ConfigError(f"--drafts {d!r} is not allowed; use self, noised:SIGMA (SIGMA > 0), "
-                              "routine (--preset) or a draft variant of the checkpoint")
-        out.append(d)
-    return out
-
-
-def _checkpoint_backends(args, common):
-    """Every draft found (or those --drafts names); --drafts may add self / noised:SIGMA, the
-    trained target drafting for itself (a reference point: c = 1, tau = k + 1 when exact)."""
-    tok = load_tokenizer(args.checkpoint)
-    ckpts, found_drafts = scan_checkpoints(args.checkpoint)
-    names = None if args.drafts is None else [d.strip() for d in args.drafts.split(",") if d.strip()]
-    extra = [d for d in names or [] if d in SELF_DRAFTS or d.startswith("noised:")]
-    trained = sorted(found_drafts)
-    if names is not None:
-        trained = _selected(trained, [d for d in names if d not in extra], "draft variants found")
-    base = {"checkpoints": ckpts, "tokenizer": tok, **common}
-    drafts = {label: load_backend("torch", draft=str(found_drafts[label]), **base) for label in trained}
-    if "planner" in ckpts and args.drafts is None:
-        drafts.setdefault("planner", load_backend("torch", **base))
-    drafts.update(_self_drafts(extra, base))
-    if not drafts:
-        raise ConfigError(f"{args.checkpoint}: no draft checkpoint (meta.json kind 'draft') to bench; "
-                          "--drafts self,noised:SIGMA benches the target drafting for itself")
-    return tok, load_backend("torch", draft="none", **base), drafts, f"checkpoint {args.checkpoint}"
-
-
-def _self_drafts(names, base: dict) -> dict:
-    """{name: backend} of the target drafting for itself, exactly (self) or noised (noised:SIGMA)."""
-    out = {}
-    for d in _selected_preset(",".join(names)) if names else []:
-        if d == "routine":
-            out[d] = load_backend("torch", **base)
-        else:
-            noise = float(d.split(":")[1]) if d.startswith("noised:") else 0.0
-            out[d] = load_backend("torch", draft="self", draft_noise=noise, **base)
-    return out
-
-
-def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
-    from scenes.world import make_scene
-
-    out = []
-    for i in range(cfg.scenes):
-        s = make_scene(cfg.seed + i, split=cfg.split)
-        out.append(BenchScene(f"seed{cfg.seed + i}", s.family, np.asarray(s.images),
-                              np.asarray(s.history, np.float32), int(sum(s.coc_routine)),
-                              np.asarray(s.future, np.float32)))
-    return out
-
-
-def run(args) -> int:
-    profile = load_planner_config(args.profile)
-    cfg = bench_config(args, profile)
-    if args.threads < 0:
-        raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    tok, plain, drafts, source = open_backends(args, profile.max_len)
-    modes = make_modes(drafts, plain, cfg)
-    with torch_threads(args.threads):
-        try:
-            record = run_bench(modes, bench_scenes(cfg), tok, profile, cfg, progress=True)
-            record["machine"] = machine_info(args.device)
-        finally:
-            for be in {id(m.backend.backend): m.backend.backend for m in modes}.values():
-                be.close()
-    record["setup"] = {"source": source, "backend": plain.name, "device": args.device,
-                       "profile": str(args.profile), "command": command_line(args),
-                       **{k: v for k, v in vars(cfg).items()}, "threads": args.threads,
-                       "fallback": profile.fallback, "decoding": "greedy",
-                       "gc": "collected before, disabled inside every timed cycle"}
-    write_outputs(args, record)
-    return 0
-
-
-def command_line(args) -> str:
-    """How to rerun this bench: `specdrive bench` and the arguments it was given."""
-    argv = getattr(args, "argv", None)
-    if argv is None:
-        argv = sys.argv[1:]
-        argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
-    return " ".join(["specdrive bench", *argv])
-
-
-def write_outputs(args, record: dict) -> None:
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    plot = args.plot or args.json.with_suffix(".png")
-    accept = args.accept_plot or args.json.with_name(args.json.stem + "_accept.png")
-    best = bench_report.best_mode(record) or record["modes"][-1]["name"]
-    record["best"] = best
-    record["criterion"] = bench_report.criterion(record)
-    record["pictures"] = {"speedup": str(plot), "where_accepted": str(accept),
-                          "where_accepted_mode": best}
-    try:
-        bench_report.plot_bench(plot, record)
-        record["pictures"]["where_accepted_scene"] = bench_report.plot_where(accept, record, best,
-                                                                             args.picture_scene)
-    except ModuleNotFoundError as e:     # a vehicle-side install has no plotting library
-        if e.name != "matplotlib":
-            raise
-        record["pictures"] = None
-        print("pictures skipped: matplotlib is not installed (pip install '.[plots]')", flush=True)
-    args.json.write_text(json.dumps(record, indent=1) + "\n")
-    args.json.with_suffix(".md").write_text(bench_report.markdown_report(record))
-    print(bench_report.table(record), flush=True)
-    print(f"issue 6 bar (>= 2.5x, same output, >= 85% of ideal): {record['criterion']}", flush=True)
-    pictures = f", {plot}, {accept}" if record["pictures"] else ""
-    print(f"best: {best}; wrote {args.json} (and .md){pictures}", flush=True)
+    p.set_defaults(run=command.run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return run(args)
+        return command.run(args)
     except ConfigError as e:
         parser.exit(2, f"specdrive bench: error: {e}\n")
 

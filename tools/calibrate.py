@@ -49,7 +49,8 @@ def common(p) -> None:
 
 def _open(args):
     from calibration.variants import fp32_graphs
-    from runtime.artifacts import load_tokenizer, read_meta
+    from prompt.meta import read_meta
+    from runtime.artifacts import load_tokenizer
     from runtime.config import load_planner_config
 
     meta = read_meta(args.engines)

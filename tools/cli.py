@@ -18,10 +18,10 @@ class UsageError(ConfigError):
 def _subcommands():
     # name -> "module:function" that receives the subparsers object and adds itself
     return {
-        "scenes": "scenes.cli:add_parser",
+        "scenes": "tools.scenes_cli:add_parser",
         "plan": "tools.plan:add_parser",
         "demo": "tools.demo:add_parser",
-        "train": "train.cli:add_parser",
+        "train": "tools.train_cli:add_parser",
         "bench": "tools.bench:add_parser",
         "trajectory-cost": "tools.trajectory_cost:add_parser",
         "profile": "tools.profile:add_parser",

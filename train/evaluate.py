@@ -198,7 +198,7 @@ def runtime_check(cfg: EvalConfig, tok, drafts: list[str], reasoning_ids: list) 
     scenes = dataset.load(cfg.data.dir, "test")
     planner_dir, out = Path(cfg.planner), {}
     for name in drafts:
-        be = load_backend("torch", tokenizer=tok, checkpoints={**io.scan(planner_dir)[0],
+        be = load_backend("torch", tokenizer=tok, checkpoints={**io.scan_checkpoints(planner_dir)[0],
                           "draft": _draft_path(cfg.planner, name)})
         spec = SpecConfig(k=cfg.k, k_max=cfg.k, adaptive=False)
         planner = Planner(be, tok, PlannerConfig(spec=spec, fallback="inline",

@@ -16,7 +16,7 @@ import numpy as np
 from prompt.config import ConfigError
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
-from runtime.backend import Backend, check_readout, mask_rows, periodic_mask
+from runtime.backend import Backend, mask_rows, periodic_mask
 
 
 class GraphBackend(Backend):
@@ -69,16 +69,6 @@ class GraphBackend(Backend):
                                      else np.arange(start, start + n)[None] + self.delta)
         d = self.meta["draft_llm"]
         return rope_tables(np.arange(start, start + n)[None], d["head_dim"], d["rope_theta"])
-
-    # --- checks ---------------------------------------------------------------------------------
-    def pick_readout(self, logits: np.ndarray, top: np.ndarray, readout: str) -> np.ndarray:
-        check_readout(readout)
-        return top.astype(np.int64) if readout == "argmax" else logits.astype(np.float32)
-
-    def check_rows(self, start: int, n: int) -> None:
-        if start < 0 or start + n > self.max_len:
-            raise ValueError(f"{self.name} backend: rows [{start}, {start + n}) outside the cache "
-                             f"[0, {self.max_len})")
 
     # --- the action expert's host side ----------------------------------------------------------
     def expert_inputs(self, rows: int, seed: int, samples: int, combine: str):

@@ -26,7 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 from prompt.config import ConfigError, file_sha256
-from runtime.backend import PrefillInputs
+from runtime.backend import BackendSpec, PrefillInputs, check_tokenizer
 from runtime.backends.graphs import GraphBackend
 
 FORMAT = "specdrive-onnx"
@@ -41,6 +41,8 @@ class OrtBackend(GraphBackend):
     def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None,
                  threads: int = 0):
         self.folder = Path(folder)
+        # watch_graphs(graph, inputs) sees every session call's inputs (calibration's recorder)
+        self.watch_graphs = None
         check_meta(self.folder, meta)
         self.init_shapes(folder, meta, max_len)
         self.sessions = open_sessions(self.folder, meta, device, threads)
@@ -78,11 +80,11 @@ class OrtBackend(GraphBackend):
         return self.pick_readout(logits[0, -1:], top[0, -1:], readout)
 
     # --- draft, verify, action ---------------------------------------------------------------
-    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
+    def draft(self, tokens, start: int, k: int, sampling=None):
         ids = np.asarray(tokens, np.int64)[None]
         self.check_rows(start, ids.shape[1] + k - 1)
-        out, graph = [], "draft_feed"
-        feats = self._feed_features(start, ids.shape[1])
+        out, qs, graph = [], [], "draft_feed"
+        feats = self.feed_features(start, ids.shape[1])
         for _ in range(k):
             n = ids.shape[1]
             cos, sin = self.draft_rope(start, n)
@@ -91,12 +93,16 @@ class OrtBackend(GraphBackend):
                                                 start=np.array([start], np.int64),
                                                 allowed=self.allowed_rows(start + 1, n), **extra)
             self.draft_cache[..., start:start + n, :] = kv
-            token = int(top[0, -1]) if pick is None else int(pick(logits[0, -1]))
+            if sampling is None:
+                token = int(top[0, -1])
+            else:
+                token, q = self.draw(logits[0, -1], sampling, len(out))
+                qs.append(q)
             out.append(token)
             start, ids = start + n, np.array([[token]], np.int64)
             if self.fused:
                 graph, feats = "draft_chain", hidden[:, -1:]
-        return np.asarray(out, np.int64)
+        return np.asarray(out, np.int64), (np.stack(qs) if sampling is not None else None)
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         ids = np.asarray(tokens, np.int64)[None]
@@ -136,6 +142,8 @@ class OrtBackend(GraphBackend):
     def _run(self, graph: str, **inputs) -> list[np.ndarray]:
         """One session call with IOBinding: the cache OrtValues are bound as they are (their
         memory is the numpy buffers), small host arrays are bound per call."""
+        if self.watch_graphs is not None:
+            self.watch_graphs(graph, inputs)
         sess = self.sessions[graph]
         binding = sess.io_binding()
         for name, value in inputs.items():
@@ -148,13 +156,6 @@ class OrtBackend(GraphBackend):
         sess.run_with_iobinding(binding)
         self.last_binding = (graph, binding)
         return binding.copy_outputs_to_cpu()
-
-    def _feed_features(self, start: int, n: int):
-        """Target features of rows start-1 .. start+n-2 (row j of the draft reads row j-1)."""
-        if not self.fused:
-            return None
-        f = self.feats[max(start - 1, 0):start + n - 1][None]
-        return np.concatenate([np.zeros_like(self.feats[None, :1]), f], 1) if start == 0 else f
 
 
 def check_meta(folder: Path, meta: dict) -> None:
@@ -199,8 +200,6 @@ def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> di
     return sessions
 
 
-def create(engines: Path, meta: dict, tokenizer, device: str = "cpu", max_len: int | None = None,
-           threads: int = 0) -> OrtBackend:
-    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
-        raise ConfigError(f"{engines}/tokenizer.json is not the tokenizer these graphs were exported with")
-    return OrtBackend(engines, meta, device, max_len, threads)
+def create(spec: BackendSpec) -> OrtBackend:
+    check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
+    return OrtBackend(spec.engines, spec.meta, spec.device, spec.max_len, spec.threads)

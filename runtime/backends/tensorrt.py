@@ -19,7 +19,7 @@ without the CUDA headers, and NVIDIA maintains cuda-python):
     I/O buffers          per engine, sized for the largest shape any optimization profile allows
 
 A target step copies its inputs into the step engine's static buffers (device to device, from the
-tables above), runs the engine (a CUDA graph per verify width once warm), writes the new K/V rows
+tables above), runs the engine (a CUDA graph per verify width, captured at start), writes the new K/V rows
 into the cache with one cudaMemcpy2DAsync and reads back the arg-max. Per verify of n tokens the
 host sends the n ids and reads n ids back (greedy); per draft call it sends the fed ids and reads
 the k proposals once. The action expert runs on its own stream: it waits on an event recorded after
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError, file_sha256
-from runtime.backend import PrefillInputs, check_readout
+from runtime.backend import BackendSpec, PrefillInputs, check_readout, check_tokenizer
 from runtime.backends.graphs import GraphBackend
 
 INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer` (TensorRT 10.3); on "
@@ -197,26 +197,29 @@ class Engine:
 
 
 class GraphRunner:
-    """CUDA graphs of one engine's first profile, one per width. TensorRT does deferred work in
-    the first enqueue after a shape change, so a width is captured only right after an eager run
-    at that width (no shape change between); once captured it is replayed (its shapes set back
-    first, host-side). `eager` turns graphs off."""
+    """CUDA graphs of one engine's first profile, one per width, all captured at warm-up
+    (`capture`, before any cycle); a cycle only replays them (their shapes set back first,
+    host-side), so no capture ever counts against a budget. TensorRT does deferred work in the
+    first enqueue after a shape change, so each width is captured right after an eager run at
+    that width. Widths outside the first profile run eagerly. `eager` turns graphs off."""
 
     def __init__(self, cuda: Cuda, engine: Engine, eager: bool):
         self.cuda, self.engine, self.eager = cuda, engine, eager
-        self.execs, self.last = {}, None           # last: the width of the last eager run, if current
+        self.execs = {}
 
     def run(self, width: int, shapes: dict) -> None:
+        e = self.engine
+        if width not in self.execs:
+            return e.run(shapes)
+        e.bind(shapes)                              # the context's shapes back to the captured ones
+        self.cuda("cudaGraphLaunch", self.execs[width], e.stream)
+
+    def capture(self, width: int, shapes: dict) -> None:
+        """Warm-up only: an eager run at `width`, then its graph captured and replayed once."""
         e, cuda = self.engine, self.cuda
-        if self.eager or e.profile_for(shapes) != 0:
-            return e.run(shapes)
-        if width in self.execs:                  # the context's shapes back to the captured ones
-            e.bind(shapes)
-            self.last = width if self.last == width else None
-            return cuda("cudaGraphLaunch", self.execs[width], e.stream)
-        if self.last != width:
-            self.last = width
-            return e.run(shapes)
+        e.run(shapes)
+        if self.eager or e.profile_for(shapes) != 0 or width in self.execs:
+            return
         e.bind(shapes)
         mode = cuda.rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         cuda("cudaStreamBeginCapture", e.stream, mode)
@@ -260,6 +263,14 @@ class TensorRTBackend(GraphBackend):
         self.verify_graphs = GraphRunner(cuda, self.engines["step"], eager)
         self._upload_tables()
         self.set_mask(None)
+        self._capture_verify_widths()
+
+    def _capture_verify_widths(self) -> None:
+        """Every verify width 1..k_max+1 captured now, before any cycle. The warm-up steps feed
+        token 0 at rows 0..w-1 of an empty cache; the first prefill overwrites them."""
+        for w in range(1, self.k_max + 2):
+            self._step(np.zeros(w, np.int64), 0, capture=True)
+        self.cuda("cudaStreamSynchronize", self.stream)
 
     # --- device memory, allocated once ------------------------------------------------------
     def _allocate(self, meta: dict, rows_max: int) -> None:
@@ -359,7 +370,7 @@ class TensorRTBackend(GraphBackend):
         self.cuda("cudaStreamSynchronize", self.stream)
 
     # --- draft, verify, action ------------------------------------------------------------------
-    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
+    def draft(self, tokens, start: int, k: int, sampling=None):
         tokens = np.asarray(tokens, np.int64)
         n0, cuda, s = len(tokens), self.cuda, self.stream
         self.check_rows(start, n0 + k - 1)
@@ -370,7 +381,7 @@ class TensorRTBackend(GraphBackend):
         cuda.h2d(feed.buf["ids"], self.ids_host[:n0], s)
         hidden = [feed.buf["hidden"], self.engines.get("draft_chain", feed).buf["hidden"]]
         slot = self.proposals + (n0 - 1) * 8                 # proposal j lands at slot + 8 j
-        n, e = n0, feed
+        n, e, qs = n0, feed, []
         for j in range(k):
             addr = {"argmax": slot + 8 * j - (n - 1) * 8, "hidden": hidden[j % 2]}
             if j == 0:
@@ -381,15 +392,15 @@ class TensorRTBackend(GraphBackend):
                 if self.fused:
                     addr["feats"] = hidden[(j - 1) % 2] + (n_prev - 1) * self.meta["draft_llm"]["hidden"] * 4
             self._feed(e, start, n, addr)
-            if pick is not None:
-                row = self._read(e, n - 1, 1, "logits")[0]
-                self.ids_host[0] = int(pick(row))
+            if sampling is not None:      # the host samples: one logits row back per proposal
+                self.ids_host[0], q = self.draw(self._read(e, n - 1, 1, "logits")[0], sampling, j)
+                qs.append(q)
                 cuda.h2d(slot + 8 * j, self.ids_host[:1], s)
             n_prev, start, n = n, start + n, 1
             e = self.engines["draft_chain"] if self.fused else feed
         cuda.d2h(self.top_host[:k], slot, s)
         cuda("cudaStreamSynchronize", s)
-        return self.top_host[:k].copy()
+        return self.top_host[:k].copy(), (np.stack(qs) if sampling is not None else None)
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
@@ -420,16 +431,17 @@ class TensorRTBackend(GraphBackend):
         cuda.close()
 
     # --- internals -------------------------------------------------------------------------------
-    def _step(self, tokens: np.ndarray, start: int) -> None:
+    def _step(self, tokens: np.ndarray, start: int, capture: bool = False) -> None:
         """Target step over n tokens at `start`: inputs into the static buffers, the engine (a
-        CUDA graph per verify width), the new K/V rows into the cache, features into `feats`."""
+        CUDA graph per verify width; `capture`: warm-up), the new K/V rows into the cache,
+        features into `feats`."""
         n, e, cuda, s = len(tokens), self.engines["step"], self.cuda, self.stream
         hd = self.meta["target"]["head_dim"]
         self.ids_host[:n] = tokens
         cuda.h2d(e.buf["ids"], self.ids_host[:n], s)
         self._inputs(e, self.rope["cos"], self.rope["sin"], hd, start, n)
-        self.verify_graphs.run(n, {"ids": (1, n), "cos": (1, n, hd), "sin": (1, n, hd),
-                                   "allowed": (n, self.vocab_size)})
+        run = self.verify_graphs.capture if capture else self.verify_graphs.run
+        run(n, {"ids": (1, n), "cos": (1, n, hd), "sin": (1, n, hd), "allowed": (n, self.vocab_size)})
         self._write_rows("cache", e.buf["new_kv"], start, n)
         if self.fused:                                   # rows start.. at index start + 1..
             cuda.d2d(self.feats + (start + 1) * self.feat_dim * 4, e.buf["feats"], n * self.feat_dim * 4, s)
@@ -579,8 +591,6 @@ def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, s
                           + f". Rebuild on this device: make engines PROFILE={manifest['profile']}")
 
 
-def create(engines: Path, meta: dict, tokenizer, manifest: dict, max_len: int | None = None,
-           k_max: int | None = None, eager: bool = False, **_) -> TensorRTBackend:
-    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
-        raise ConfigError(f"{engines}/tokenizer.json is not the tokenizer these engines were built with")
-    return TensorRTBackend(engines, meta, manifest, max_len, k_max, eager)
+def create(spec: BackendSpec) -> TensorRTBackend:
+    check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
+    return TensorRTBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager)

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError
-from runtime.backend import Backend, PrefillInputs, check_readout, periodic_mask
+from runtime.backend import Backend, BackendSpec, PrefillInputs, check_readout, check_tokenizer, periodic_mask
 
 INSTALL = ("TensorRT-LLM runs on x86 and Grace/Hopper GPUs and Thor (`pip install tensorrt_llm`, or NVIDIA's "
            "TensorRT-LLM container); its last Orin release (v0.12.0-jetson) predates M-RoPE: on Orin use "
@@ -117,17 +117,17 @@ class TrtLlmBackend(Backend):
         self.bad_words = [[int(t)] for t in np.flatnonzero(~allowed[0])]
 
     # --- draft, verify, action --------------------------------------------------------------------
-    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
-        if pick is not None:
+    def draft(self, tokens, start: int, k: int, sampling=None):
+        if sampling is not None:
             raise ConfigError("--backend tensorrt-llm drafts greedily only (exact acceptance)")
         tokens = np.asarray(tokens, np.int64)
-        self._rows(start, len(tokens) + k)
+        self.check_rows(start, len(tokens) + k)
         self.seq[start:start + len(tokens)] = tokens
         out = self._generate(self.drafter, self.seq[:start + len(tokens)], max_new_tokens=k, top_k=1)
         if len(out) != k:
             raise RuntimeError(f"tensorrt-llm draft runner returned {len(out)} tokens, asked for {k}")
         self.proposed = out.astype(np.int64)
-        return self.proposed.copy()
+        return self.proposed.copy(), None
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         """Target choices after each token: known up to the first rejected proposal, -1 beyond
@@ -138,7 +138,7 @@ class TrtLlmBackend(Backend):
         k = len(proposed) if proposed is not None and n > len(proposed) and \
             np.array_equal(tokens[n - len(proposed):], proposed) else 0
         p = n - k                                                   # pending tokens (>= 1)
-        self._rows(start, n)
+        self.check_rows(start, n)
         self.seq[start:start + n] = tokens
         drafts = [tokens[p:].tolist()] if k else None
         out = self._generate(self.target, self.seq[:start + p], max_new_tokens=k + 1, draft_tokens_list=drafts)
@@ -194,9 +194,6 @@ class TrtLlmBackend(Backend):
             raise ConfigError("--backend tensorrt-llm returns token ids only (exact acceptance): "
                               "readout 'logits' is not available")
 
-    def _rows(self, start: int, n: int) -> None:
-        if start < 0 or start + n > self.max_len:
-            raise ValueError(f"tensorrt-llm backend: rows [{start}, {start + n}) outside [0, {self.max_len})")
 
 
 def engine_dirs(folder: Path, manifest: dict) -> dict:
@@ -218,8 +215,6 @@ def engine_dirs(folder: Path, manifest: dict) -> dict:
     return dirs
 
 
-def create(engines: Path, meta: dict, tokenizer, manifest: dict, max_len: int | None = None,
-           k_max: int | None = None, eager: bool = False, **_) -> TrtLlmBackend:
-    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
-        raise ConfigError(f"{engines}/tokenizer.json is not the tokenizer these engines were built with")
-    return TrtLlmBackend(engines, meta, manifest, max_len, k_max, eager)
+def create(spec: BackendSpec) -> TrtLlmBackend:
+    check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
+    return TrtLlmBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager)

@@ -12,8 +12,9 @@ accepted ones are re-fed with the target's features next step), "self" (the targ
 noised copy, drafting for itself with its own cache: the branch tests' tau = k + 1), "none".
 Every call runs the models' own forward (Target.forward, Draft.forward: one cache contract,
 rows written by index, attention over the static cache under a mask). On CUDA with eager=False
-each verify width and each draft feed width is captured once as a CUDA graph of that forward,
-with `start` a device tensor; static=True runs the same on CPU (what the tests compare with
+every verify width, draft feed width (1..k_max+1) and the draft chain's step is captured as a
+CUDA graph of that forward when the backend is made (never inside a cycle), with `start` a
+device tensor; static=True runs the same on CPU (what the tests compare with
 eager). This module holds only what is backend-specific: buffers, streams and graphs. The
 fallback expert runs on its own stream.
 """
@@ -32,9 +33,11 @@ from models.draft import shift_features
 from models.target import Target
 from prompt.config import ConfigError
 from prompt.pixels import images_to_patches
-from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
+from runtime.backend import Backend, BackendSpec, PrefillInputs, check_readout, mask_rows, periodic_mask
+from runtime.config import K_MAX_LIMIT
 
 DRAFT_KINDS = ("routine", "self", "none")
+DEFAULT_MAX_LEN = 1024
 
 
 class TorchBackend(Backend):
@@ -42,7 +45,7 @@ class TorchBackend(Backend):
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = 1024,
-                 eager: bool = True, static: bool = False):
+                 eager: bool = True, static: bool = False, k_max: int | None = None):
         if draft_kind not in DRAFT_KINDS:
             raise ConfigError(f"draft kind {draft_kind!r} is not known; choose one of {list(DRAFT_KINDS)}")
         self.cfg, self.device = cfg, torch.device(device)
@@ -64,6 +67,7 @@ class TorchBackend(Backend):
         self.graphs = None
         if static or (self.device.type == "cuda" and not eager):
             self.graphs = StaticRunner(self, capture=self.device.type == "cuda" and not eager)
+            self.graphs.warm((k_max or K_MAX_LIMIT) + 1)
         self.side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.concurrent_action = self.side_stream is not None    # the fallback on its own stream
 
@@ -86,7 +90,7 @@ class TorchBackend(Backend):
     @torch.no_grad()
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = torch.as_tensor(np.asarray(inputs.ids), device=self.device)[None]
-        self._check_rows(0, ids.shape[1])
+        self.check_rows(0, ids.shape[1])
         self.delta = int(inputs.rope_delta)
         if inputs.image_spans and self.images is None:
             raise ValueError("torch backend: a prompt with images needs vision(images) first")
@@ -112,24 +116,29 @@ class TorchBackend(Backend):
 
     # --- draft, verify, action ---------------------------------------------------------------
     @torch.no_grad()
-    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
+    def draft(self, tokens, start: int, k: int, sampling=None):
         if self.draft_kind == "none":
             raise ConfigError("this backend has no draft (--draft none): use k = 0")
         ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
-        self._check_rows(start, ids.shape[1] + k - 1)
-        out, feat = [], self._feed_features(start, ids.shape[1])
+        self.check_rows(start, ids.shape[1] + k - 1)
+        out, qs, feat = [], [], self.feed_features(start, ids.shape[1])
         for i in range(k):
             logits, hidden = self._draft_step(ids, start, feat)
-            token = self._choose(logits[0, -1:], pick, start + ids.shape[1])
+            masked = self._masked(logits[0, -1:], start + ids.shape[1])[0]
+            if sampling is None:
+                token = int(masked.argmax())
+            else:
+                token, q = self.draw(masked.cpu().numpy(), sampling, i)
+                qs.append(q)
             out.append(token)
             start, feat = start + ids.shape[1], hidden[:, -1:] if self.fused else None
             ids = torch.full((1, 1), token, device=self.device, dtype=torch.long)
-        return np.asarray(out, np.int64)
+        return np.asarray(out, np.int64), (np.stack(qs) if sampling is not None else None)
 
     @torch.no_grad()
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
-        self._check_rows(start, ids.shape[1])
+        self.check_rows(start, ids.shape[1])
         if self.graphs is not None:
             logits, feats = self.graphs.target(ids, start)
         else:
@@ -147,7 +156,7 @@ class TorchBackend(Backend):
             n = len(tokens)
             if n:
                 ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
-                self._check_rows(start, n)
+                self.check_rows(start, n)
                 self.target(ids, *self._text_rope(start, n), self.cache, start)
             g = torch.Generator(self.device).manual_seed(int(seed))
             wp, _ = self.expert.sample(self.cache, start + n, torch.tensor([float(v0)], device=self.device),
@@ -179,13 +188,6 @@ class TorchBackend(Backend):
             return self.target.rope(prompt_pos) if prompt_pos is not None else self._text_rope(start, n)
         return self.draft_model.rope(torch.arange(start, start + n, device=self.device)[None])
 
-    def _feed_features(self, start: int, n: int):
-        """Target features of rows start-1 .. start+n-2 (row j of the draft reads row j-1)."""
-        if not self.fused:
-            return None
-        f = self.feats[max(start - 1, 0):start + n - 1][None]
-        return torch.cat([torch.zeros_like(self.feats[None, :1]), f], 1) if start == 0 else f
-
     def _draft_step(self, ids, start: int, feat):
         if self.graphs is not None:
             return self.graphs.draft(ids, start, feat)
@@ -197,22 +199,12 @@ class TorchBackend(Backend):
         allowed = self.allowed[torch.from_numpy(rows).to(self.device)]
         return logits.float().masked_fill(~allowed, float("-inf"))
 
-    def _choose(self, logits: torch.Tensor, pick, index: int) -> int:
-        masked = self._masked(logits, index)[0]
-        if pick is None:
-            return int(masked.argmax())
-        return int(pick(masked.cpu().numpy()))
-
     def _read(self, logits: torch.Tensor, readout: str, index0: int) -> np.ndarray:
         check_readout(readout)
         masked = self._masked(logits, index0)
         if readout == "argmax":
             return masked.argmax(-1).cpu().numpy().astype(np.int64)
         return masked.cpu().numpy()
-
-    def _check_rows(self, start: int, n: int) -> None:
-        if start < 0 or start + n > self.max_len:
-            raise ValueError(f"torch backend: rows [{start}, {start + n}) outside the cache [0, {self.max_len})")
 
 
 def check_image_tokens(ids, image_token_id: int, n_embeds: int) -> None:
@@ -234,11 +226,11 @@ def noised_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Mod
     return other
 
 
-def create(tokenizer, preset: str | None = None, seed: int = 0, checkpoints: dict | None = None,
-           draft: str | None = None, draft_noise: float = 0.0, device: str = "cpu",
-           eager: bool = True, max_len: int = 1024, static: bool = False) -> TorchBackend:
+def create(spec: BackendSpec) -> TorchBackend:
     """Random-weight models from a preset (seeded), or checkpoints {kind: folder}; `draft`:
     None (the draft that comes with them), "self", "none", or a draft checkpoint folder."""
+    tokenizer, preset, seed, checkpoints = spec.tokenizer, spec.preset, spec.seed or 0, spec.checkpoints
+    draft, draft_noise, device = spec.draft, spec.draft_noise, spec.device
     if (preset is None) == (checkpoints is None):
         raise ConfigError("torch backend: give exactly one of preset (random weights) or checkpoints")
     check_device(device)
@@ -257,7 +249,8 @@ def create(tokenizer, preset: str | None = None, seed: int = 0, checkpoints: dic
     if kind == "routine" and model is None:
         raise ConfigError("the checkpoint has no draft (meta.json kind 'draft'); pass --draft DIR, "
                           "--draft self or --draft none")
-    return TorchBackend(cfg, target, expert, model, kind, device, max_len, eager, static)
+    return TorchBackend(cfg, target, expert, model, kind, device, spec.max_len or DEFAULT_MAX_LEN,
+                        spec.eager, spec.static, spec.k_max)
 
 
 def check_device(device: str) -> None:
@@ -278,12 +271,14 @@ def check_device(device: str) -> None:
 class StaticRunner:
     """Static-shape runs of the backend's verify and draft-feed forwards (Target.forward and
     Draft.forward themselves, `start` a (1,) device tensor): as they are (CPU, `static=True`,
-    what the tests compare with eager) or captured once per key as CUDA graphs with static
-    input/output buffers (torch.cuda.graph; warm-up on a side stream first). Rotary tables of
-    every text position are precomputed, so a replay only copies inputs."""
+    what the tests compare with eager) or as CUDA graphs with static input/output buffers
+    (torch.cuda.graph; warm-up on a side stream first), every verify width, draft feed width and
+    the draft chain's step captured by `warm` when the backend is made. A cycle only replays
+    them; a width never captured (a long write of the reasoning rows) runs as it is. Rotary
+    tables of every text position are precomputed, so a replay only copies inputs."""
 
     def __init__(self, be: TorchBackend, capture: bool):
-        self.be, self.capture, self.graphs = be, capture, {}
+        self.be, self.capture, self.graphs, self.capturing = be, capture, {}, False
         rows = torch.arange(be.max_len, device=be.device)[None]
         self.text_cos, self.text_sin = be.target.rope(rows)        # (1, max_len, hd), pos = row
         if be.draft_kind == "routine" and be.cfg.draft.rope == "flat":
@@ -306,11 +301,26 @@ class StaticRunner:
             args += (feat,)
         return self._run(("draft", w, None if feat is None else feat.shape[-1]), self.be._feed, args)
 
+    def warm(self, widths: int) -> None:
+        """Capture now (CUDA) every verify and draft feed width 1..widths and the chain step,
+        through the backend's own calls on its empty cache (the first prefill overwrites the
+        rows they write)."""
+        if not self.capture:
+            return
+        self.capturing = True
+        try:
+            for w in range(1, widths + 1):
+                self.be.verify(np.zeros(w, np.int64), 0, "argmax")
+                if self.be.draft_kind != "none":
+                    self.be.draft(np.zeros(w, np.int64), 0, 2)      # feed of w, then one chain step
+        finally:
+            self.capturing = False
+
     def _start(self, start: int) -> torch.Tensor:
         return torch.tensor([start], device=self.be.device)
 
     def _run(self, key, fn, args):
-        if not self.capture:
+        if not self.capture or (key not in self.graphs and not self.capturing):
             return fn(*args)
         if key not in self.graphs:
             static = tuple(a.clone() for a in args)

@@ -1,4 +1,4 @@
-"""A deterministic numpy test double of a backend: table "models" with a real KV-cache contract.
+"""A deterministic numpy test double of a backend (tests only, not a CLI backend): table "models" with a real KV-cache contract.
 
 Target: row i of a block fed at `start` writes cache[start+i] = E[x_i] (+ the image feature for
 vision tokens) and reads the causal mean of cache[0 : start+i+1], so its output depends on
@@ -21,9 +21,10 @@ import threading
 import numpy as np
 
 from prompt.config import ConfigError
+from prompt.trajectory import DT, FUT_WAYPOINTS
 from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
 
-N_POS, N_WAYPOINTS, DT = 64, 64, 0.1
+N_POS = 64
 
 
 class TableBackend(Backend):
@@ -41,7 +42,7 @@ class TableBackend(Backend):
         self.W = rng.normal(0, 1, (dim, vocab_size)).astype(np.float32)
         self.W_draft = (self.W + draft_noise * rng.normal(0, 1, self.W.shape)).astype(np.float32)
         self.img_proj = rng.normal(0, 1, (3, dim)).astype(np.float32)
-        self.act_proj = rng.normal(0, 0.3, (dim, 2 * N_WAYPOINTS)).astype(np.float32)
+        self.act_proj = rng.normal(0, 0.3, (dim, 2 * FUT_WAYPOINTS)).astype(np.float32)
         self.stop_id, self.stop_slope = stop_id, float(stop_slope)
         self.patch, self.merge = patch, merge
         self.cache = np.zeros((max_len, dim), np.float32)         # (max_len, D) target rows
@@ -69,7 +70,7 @@ class TableBackend(Backend):
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         self._tick("prefill")
         ids = np.asarray(inputs.ids, dtype=np.int64)
-        self._check_room(0, len(ids))
+        self.check_rows(0, len(ids))
         self.prompt_len, self.rope_delta = len(ids), int(inputs.rope_delta)
         extra = np.zeros((len(ids), self.dim), np.float32)
         for j, (s, n) in enumerate(inputs.image_spans):
@@ -84,22 +85,26 @@ class TableBackend(Backend):
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
         self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
 
-    def draft(self, tokens, start: int, k: int, pick=None) -> np.ndarray:
+    def draft(self, tokens, start: int, k: int, sampling=None):
         self._tick("draft", k)
         tokens = np.asarray(tokens, dtype=np.int64)
-        out = np.zeros(k, np.int64)
+        out, qs = np.zeros(k, np.int64), []
         for i in range(k):
-            self._check_room(start, len(tokens))
+            self.check_rows(start, len(tokens))
             row = self._forward(self.draft_cache, self.W_draft, tokens, start, None)[-1:]
             row = self._masked(row, start + len(tokens))[0]
-            out[i] = int(np.argmax(row)) if pick is None else int(pick(row))
+            if sampling is None:
+                out[i] = int(np.argmax(row))
+            else:
+                out[i], q = self.draw(row, sampling, i)
+                qs.append(q)
             start, tokens = start + len(tokens), out[i:i + 1]
-        return out
+        return out, (np.stack(qs) if sampling is not None else None)
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         self._tick("verify", len(tokens))
         tokens = np.asarray(tokens, dtype=np.int64)
-        self._check_room(start, len(tokens))
+        self.check_rows(start, len(tokens))
         return self._read(self._forward(self.cache, self.W, tokens, start, None), readout, start + 1)
 
     def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
@@ -107,12 +112,12 @@ class TableBackend(Backend):
         self._tick("action")
         tokens = np.asarray(tokens, dtype=np.int64)
         if len(tokens):
-            self._check_room(start, len(tokens))
+            self.check_rows(start, len(tokens))
             self._forward(self.cache, self.W, tokens, start, None)
         ctx = self.cache[:start + len(tokens)].mean(axis=0)
-        noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * N_WAYPOINTS))
+        noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * FUT_WAYPOINTS))
         draws = np.tanh(ctx @ self.act_proj + noise)                       # (samples, 128)
-        u = (draws.mean(0) if combine == "mean" else medoid(draws)).reshape(N_WAYPOINTS, 2)
+        u = (draws.mean(0) if combine == "mean" else medoid(draws)).reshape(FUT_WAYPOINTS, 2)
         return integrate_actions(u[:, 0] * 1.5, u[:, 1] * 0.02, v0)
 
     # --- internals -------------------------------------------------------------------------
@@ -140,11 +145,6 @@ class TableBackend(Backend):
         masked = self._masked(logits, index0)
         return masked.argmax(axis=-1).astype(np.int64) if readout == "argmax" else masked
 
-    def _check_room(self, start: int, n: int) -> None:
-        if start < 0 or start + n > self.max_len:
-            raise ValueError(f"table backend: rows [{start}, {start + n}) outside the cache "
-                             f"[0, {self.max_len})")
-
     def _tick(self, op: str, width: int = 1) -> None:
         """Count the call; move the fake clock by its simulated cost (main thread only)."""
         self.calls[op] += 1
@@ -167,7 +167,3 @@ def integrate_actions(accel: np.ndarray, curvature: np.ndarray, v0: float) -> np
     x = np.cumsum(v * np.cos(heading) * DT)
     y = np.cumsum(v * np.sin(heading) * DT)
     return np.stack([x, y, heading], axis=1).astype(np.float32)
-
-
-def create(**kwargs) -> TableBackend:
-    return TableBackend(**kwargs)

@@ -1,7 +1,7 @@
 """`specdrive train vision|sft|distill|aarl|ship|eval --config configs/train/X.yaml` (wired by tools/cli.py).
 
 Each stage resumes from its run folder's saved state when there is one; `torchrun
---nproc_per_node N -m train.cli sft --config ...` runs it data-parallel.
+--nproc_per_node N -m tools.train_cli sft --config ...` runs it data-parallel.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.cli")
+    parser = argparse.ArgumentParser(prog="python -m tools.train_cli")
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
     try:

@@ -1,9 +1,9 @@
 """Where the draft is accepted: who produced each reasoning token, split by routine vs commitment
 words and by scenario family, and a picture of one scene's chain of causation.
 
-A `Recorder` wraps a backend and records, per decode step, the draft's proposals d (k ids), the
-verify width and the wall time of both calls; nothing else changes (the planner sees the
-backend's own answers). The labels then follow from the proposals and the final sequence alone:
+The planner's step observer (runtime.loop.StepRecord) gives, per decode step, the draft's
+proposals d (k ids), the verify width and the time of both calls. The labels then follow from
+the proposals and the final sequence alone:
 greedy accepts d[i] iff it equals the target's choice, which is the emitted token, so
 
     n = number of leading d[i] equal to the generated tokens at the step's position
@@ -21,56 +21,11 @@ word count.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 
 SOURCES = ("prefill", "draft", "corrected", "bonus", "target", "forced")
 COLORS = {"draft": "#3a9a4a", "corrected": "#e07b22", "bonus": "#3b6fd4", "target": "#9a9a9a",
           "prefill": "#6b4fa8", "forced": "#c22"}
 CLASSES = ("routine", "commitment")
-
-
-@dataclass
-class Step:
-    k: int                  # draft length (0: plain step)
-    draft: np.ndarray       # (k,) proposals
-    draft_ms: float
-    width: int              # tokens in the verify pass (pending + k)
-    verify_ms: float
-
-
-class Recorder:
-    """A backend proxy recording every draft -> verify step of a cycle (reset by `vision`)."""
-
-    def __init__(self, backend, clock):
-        self.backend, self.clock = backend, clock
-        self.steps: list[Step] = []
-        self._proposal = None
-
-    def __getattr__(self, name):           # vocab_size, max_len, draft_keeps_proposals, ...
-        if name == "backend":              # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.backend, name)
-
-    def vision(self, images):
-        self.steps, self._proposal = [], None
-        return self.backend.vision(images)
-
-    def draft(self, tokens, start: int, k: int, pick=None):
-        t0 = self.clock()
-        out = self.backend.draft(tokens, start, k, pick)
-        self._proposal = (np.asarray(out, np.int64).copy(), self.clock() - t0)
-        return out
-
-    def verify(self, tokens, start: int, readout: str):
-        t0 = self.clock()
-        rows = self.backend.verify(tokens, start, readout)
-        ms = self.clock() - t0
-        d, d_ms = self._proposal if self._proposal is not None else (np.zeros(0, np.int64), 0.0)
-        self.steps.append(Step(len(d), d, d_ms, len(tokens), ms))
-        self._proposal = None
-        return rows
 
 
 def label_tokens(steps, generated, forced_end: bool) -> tuple[list[str], list[int]]:

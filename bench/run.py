@@ -25,8 +25,8 @@ from prompt.config import ConfigError, check_range
 from runtime.budget import wall_ms
 from runtime.config import K_MAX_LIMIT, PlannerConfig
 from runtime.planner import Planner
-from tools import accept_map
-from tools.bench_stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
+from bench import accept_map
+from bench.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
                                loss_factors, spread)
 
 SCHEMA = "specdrive-bench/1"
@@ -67,7 +67,8 @@ class Mode:
     draft: str           # draft label ("none" for plain decoding)
     k: int               # 0 = plain decoding
     adaptive: bool
-    backend: accept_map.Recorder
+    backend: object                                    # runtime.backend.Backend
+    steps: list = field(default_factory=list)          # this cycle's StepRecords (the observer's)
 
 
 @dataclass
@@ -88,19 +89,14 @@ class Cycle:
     steps: list = field(default_factory=list)
 
 
-def make_modes(draft_backends: dict, plain_backend, cfg: BenchConfig, clock=wall_ms) -> list[Mode]:
-    """plain on `plain_backend`, then for each {draft label: backend} every fixed k and adaptive.
-    A backend shared by several modes (an engines folder: plain is k = 0 on it) gets one Recorder."""
-    recorders: dict[int, accept_map.Recorder] = {}
-
-    def rec(be):
-        return recorders.setdefault(id(be), accept_map.Recorder(be, clock))
-
-    modes = [Mode("plain", "none", 0, False, rec(plain_backend))]
+def make_modes(draft_backends: dict, plain_backend, cfg: BenchConfig) -> list[Mode]:
+    """plain on `plain_backend`, then for each {draft label: backend} every fixed k and adaptive
+    (a backend may serve several modes: an engines folder's plain is k = 0 on it)."""
+    modes = [Mode("plain", "none", 0, False, plain_backend)]
     for label, be in draft_backends.items():
-        modes += [Mode(f"{label} k={k}", label, k, False, rec(be)) for k in cfg.ks]
+        modes += [Mode(f"{label} k={k}", label, k, False, be) for k in cfg.ks]
         if cfg.adaptive:
-            modes.append(Mode(f"{label} adaptive", label, 0, True, rec(be)))
+            modes.append(Mode(f"{label} adaptive", label, 0, True, be))
     return modes
 
 
@@ -136,7 +132,8 @@ def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerCon
     """Run every mode on every scene (module docstring) -> the bench record (JSON-ready)."""
     if modes[0].k != 0 or modes[0].adaptive:
         raise ConfigError("the first mode must be plain decoding (k = 0): speedups are relative to it")
-    planners = {m.name: Planner(m.backend, tok, mode_config(base, m, cfg), clock=clock) for m in modes}
+    planners = {m.name: Planner(m.backend, tok, mode_config(base, m, cfg), clock=clock, observer=m.steps.append)
+                for m in modes}
     for m in modes:       # first calls; the planner then forgets their timings (Planner.warmup)
         planners[m.name].warmup(scenes[0].images, scenes[0].history, cycles=cfg.warmup)
     cycles: dict[str, list[Cycle]] = {m.name: [] for m in modes}
@@ -144,8 +141,9 @@ def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerCon
     for r in range(cfg.repeats):
         for i, scene in enumerate(scenes):
             for m in modes:
+                m.steps.clear()
                 res = timed_cycle(planners[m.name], scene)
-                steps = list(m.backend.steps)[:res.decode.get("steps", 0)]
+                steps = m.steps[:res.decode.get("steps", 0)]
                 cycles[m.name].append(Cycle(r, i, res, steps))
                 bar.update()          # between cycles, outside the timed region
     bar.close()

@@ -1,0 +1,186 @@
+"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/projection.py) (the library of tools/roofline.py)
+
+Prints per-stage projected ms for plain and speculative decoding, whether the cycle fits the
+budget (and whether the budget's premise, vision + prefill + trajectory + margin, holds), and
+the remedies that would make it fit. `--device cpu` measures this CPU's peaks first
+(bench/microbench.py); `--validate` compares the projection with a `specdrive profile` run's
+measured calls (ratio per stage). `--memory` adds the memory report.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prompt.config import ConfigError, from_dict, load_yaml
+from bench.projection import Device, Workload, memory_report, project, remedies, stage_costs
+
+SMALLER = {"alpamayo-r1-10b": "edge-2b"}     # the remedy "a smaller preset"
+DEVICES_FILE = Path(__file__).resolve().parent.parent / "configs" / "devices.yaml"
+
+
+@dataclass
+class DeviceFile:
+    """configs/devices.yaml: {name: Device} and {preset: Workload overrides}."""
+    devices: dict = field(default_factory=dict)
+    workloads: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.devices = {n: d if isinstance(d, Device) else from_dict(Device, d, f"devices.{n}")
+                        for n, d in self.devices.items()}
+        for n, w in self.workloads.items():
+            from_dict(Workload, w, f"workloads.{n}")       # checked; applied as overrides
+
+
+def load_devices(path: Path = DEVICES_FILE) -> DeviceFile:
+    return load_yaml(DeviceFile, path)
+
+
+def default_profile(device: str) -> str:
+    return "thor" if "thor" in device else "cpu" if device == "cpu" else "orin"
+
+
+def workload(args, model_cfg, planner_cfg, overrides: dict) -> Workload:
+    """The profile's cycle, the devices file's camera setup for the preset, the arguments."""
+    p = planner_cfg
+    base = {"images": len(p.cameras) * p.frames, "image_hw": tuple(p.image_hw), "max_len": p.max_len,
+            "k": p.spec.k, "samples": p.trajectory_samples,
+            "euler_steps": p.euler_steps or model_cfg.expert.euler_steps,
+            "budget_ms": p.budget.budget_ms, "margin_ms": p.budget.margin_ms}
+    base.update(overrides)
+    given = {"precision": args.precision, "budget_ms": args.budget_ms, "k": args.k, "tau": args.tau,
+             "reasoning_tokens": args.reasoning_tokens, "samples": args.samples,
+             "euler_steps": args.euler_steps, "encoded_images": args.encoded_images}
+    base.update({k: v for k, v in given.items() if v is not None})
+    base.setdefault("precision", "fp32" if args.device == "cpu" else "int8")
+    if base["k"] and base["tau"] > base["k"] + 1:
+        raise ConfigError(f"--tau {base['tau']} exceeds k + 1 = {base['k'] + 1}")
+    return Workload(**base)
+
+
+def resolve_device(args) -> tuple[Device, dict | None]:
+    if args.device == "cpu":
+        from bench.microbench import cpu_device, measure_cpu
+
+        peaks = measure_cpu(args.threads)
+        return cpu_device(peaks), peaks
+    table = load_devices().devices
+    if args.device not in table:
+        raise ConfigError(f"--device {args.device!r} is not known; devices: {sorted(table) + ['cpu']}")
+    return table[args.device], None
+
+
+def run(args) -> int:
+    from models.config import load_preset
+    from runtime.config import load_planner_config
+
+    cfg = load_preset(args.preset)
+    dev, peaks = resolve_device(args)
+    pcfg = load_planner_config(args.profile or default_profile(args.device))
+    w = workload(args, cfg, pcfg, dict(load_devices().workloads.get(args.preset, {})))
+    smaller = (SMALLER[args.preset], load_preset(SMALLER[args.preset])) if args.preset in SMALLER else None
+    result = roofline(cfg, dev, w, len(pcfg.cameras), smaller)
+    result.update(preset=args.preset, device=args.device, peaks=peaks)
+    print(format_result(result))
+    if args.memory:
+        result["memory"] = memory_report(cfg, w.precision, [result["prompt_len"]], w.max_len,
+                                         list(range(1, pcfg.spec.k_max + 2)), w.samples)
+        print(format_memory(result["memory"]))
+    if args.validate:
+        result["validation"] = validate(cfg, dev, w, json.loads(args.validate.read_text()))
+        print(format_validation(result["validation"]))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return 0
+
+
+def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None = None) -> dict:
+    res = project(cfg, dev, w)
+    res["workload"] = dataclasses.asdict(w)
+    res["device_title"] = dev.title
+    res["assumptions"] = {"compute_efficiency": dev.compute_efficiency,
+                          "memory_efficiency": dev.memory_efficiency, "impl": dev.impl}
+    res["remedies"], res["with_remedies"] = [], None
+    if not res["speculative"]["fits"]:
+        res["remedies"], best = remedies(cfg, dev, w, cameras, smaller)
+        res["with_remedies"] = {**project(cfg, dev, best), "workload": dataclasses.asdict(best)}
+    return res
+
+
+def validate(cfg, dev: Device, w: Workload, stats: dict) -> list[dict]:
+    """measured / projected per engine call, the workload set to what the run processed."""
+    calls = stats["calls"]
+    w = dataclasses.replace(w, prompt_len=int(stats["prompt_len"]),
+                            reasoning_tokens=int(round(stats["reasoning_tokens"])))
+    costs = stage_costs(cfg, w, dev.impl)
+    rows = []
+
+    def row(name, measured, projected):
+        if measured:
+            rows.append({"stage": name, "measured_ms": measured, "projected_ms": projected,
+                         "ratio": measured / projected if projected else None})
+    row("vision", calls.get("vision"), costs["vision"].ms(dev, w.precision))
+    row("prefill", calls.get("prefill"), costs["prefill"].ms(dev, w.precision))
+    row("draft step (1 token)", calls.get("draft_step"), costs["draft_step"].ms(dev, w.precision))
+    for width, ms in sorted((int(k), v) for k, v in calls.get("verify", {}).items()):
+        pw = dataclasses.replace(w, k=width - 1, tau=1.0)
+        row(f"verify width {width}", ms, stage_costs(cfg, pw, dev.impl)["verify"][width].ms(dev, w.precision))
+    row("trajectory (rewrite + expert)", calls.get("action"), costs["trajectory"].ms(dev, w.precision))
+    return rows
+
+
+def format_result(r: dict) -> str:
+    w, st = r["workload"], r["stages_ms"]
+    k = w["k"]
+    lines = [f"{r['preset']} on {r['device_title']} ({w['precision']}, {r['assumptions']['impl']}; "
+             f"compute x{r['assumptions']['compute_efficiency']}, bandwidth x{r['assumptions']['memory_efficiency']}): "
+             f"prompt {r['prompt_len']} tokens, {w['reasoning_tokens']} reasoning tokens, k={k}, tau={w['tau']}, "
+             f"{w['samples']} draws x {w['euler_steps']} Euler steps, budget {w['budget_ms']:g} ms",
+             "| stage | plain ms | speculative ms |", "|---|---|---|"]
+    for name in ("vision", "prefill"):
+        lines.append(f"| {name} | {st[name]:.1f} | {st[name]:.1f} |")
+    lines.append(f"| one draft step / verify 1 / verify {k + 1} | - / {st['verify_1']:.2f} / - | "
+                 f"{st['draft_step']:.2f} / - / {st[f'verify_{k + 1}']:.2f} |")
+    lines.append(f"| reasoning | {r['plain']['reasoning_ms']:.1f} | {r['speculative']['reasoning_ms']:.1f} |")
+    lines.append(f"| trajectory | {st['trajectory']:.1f} | {st['trajectory']:.1f} |")
+    fit = {m: "fits" if r[m]["fits"] else "does not fit" for m in ("plain", "speculative")}
+    lines.append(f"| **cycle** | **{r['plain']['cycle_ms']:.1f}** ({fit['plain']}) | "
+                 f"**{r['speculative']['cycle_ms']:.1f}** ({fit['speculative']}) |")
+    lines.append(f"premise (vision + prefill + trajectory + margin <= budget): "
+                 f"{'holds' if r['premise_ok'] else 'broken'}; reasoning tokens within the budget: "
+                 f"plain {r['tokens_in_budget']['plain']}, speculative {r['tokens_in_budget']['speculative']}")
+    for m in r.get("remedies", []):
+        line = f"  remedy: {m['remedy']}: alone {m['alone_ms']:.0f} ms ({'fits' if m['alone_fits'] else 'no'})"
+        if "cumulative_ms" in m:
+            line += (f"; {'kept' if m['kept'] else 'not kept (no gain)'}, with those kept "
+                     f"{m['cumulative_ms']:.0f} ms ({'fits' if m['cumulative_fits'] else 'no'})")
+        lines.append(line)
+    b = r.get("with_remedies")
+    if b:
+        lines.append(f"with the kept remedies: vision {b['stages_ms']['vision']:.1f}, prefill "
+                     f"{b['stages_ms']['prefill']:.1f}, trajectory {b['stages_ms']['trajectory']:.1f} ms; "
+                     f"speculative cycle {b['speculative']['cycle_ms']:.1f} ms; premise "
+                     f"{'holds' if b['premise_ok'] else 'broken'}; reasoning tokens within the budget: "
+                     f"plain {b['tokens_in_budget']['plain']}, speculative {b['tokens_in_budget']['speculative']}")
+    return "\n".join(lines)
+
+
+def format_memory(m: dict) -> str:
+    gb = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"  # noqa: E731
+    lines = [f"memory ({m['precision']}): weights " + ", ".join(f"{k} {gb(v)}" for k, v in m["weights"].items()),
+             "K/V cache (target + draft): " + ", ".join(f"{L} rows {gb(v['target'] + v['draft'])}"
+                                                       for L, v in m["kv_cache"].items()),
+             "activations per verify width: " + ", ".join(f"w{w} {gb(v)}" for w, v in m["activations"].items())
+             + f"; all widths as CUDA-graph pools {gb(m['graph_pools'])}",
+             "prefill activations: " + ", ".join(f"{L} tokens {gb(v)}" for L, v in m["prefill_activations"].items())
+             + f"; expert draws {gb(m['expert_activations'])}"]
+    return "\n".join(lines)
+
+
+def format_validation(rows: list[dict]) -> str:
+    lines = ["| stage | measured ms | projected ms | measured / projected |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['stage']} | {r['measured_ms']:.2f} | {r['projected_ms']:.3f} | {r['ratio']:.1f} |")
+    return "\n".join(lines)
