@@ -14,10 +14,10 @@ greedy accepts d[i] iff it equals the target's choice, which is the emitted toke
 draws x again). The first reasoning token comes from the prefill ("prefill"); a <|cot_end|>
 forced by the budget or the length limit is "forced".
 
-Routine vs commitment (scenes/coc.py): the routine part is read off the ego history and ends
-with "covering N m ,"; the commitment (cause, decision, <|cot_end|>) follows. Generated text
-is split at the first "," after "covering"; without that marker, at the scene's own routine
-word count.
+Routine vs commitment (scenes/language.py): the routine clauses, read off the ego history, come
+first; the commitment (cause, details, decision, <|cot_end|>) follows. The generated text is
+parsed by the language's grammar; its leading routine clauses, encoded on their own, give the
+number of routine tokens (a clause boundary is a word boundary, and no token spans two words).
 """
 from __future__ import annotations
 
@@ -53,19 +53,24 @@ def label_tokens(steps, generated, forced_end: bool) -> tuple[list[str], list[in
     return labels, owner
 
 
-def token_classes(words: list[str], n_routine_ref: int) -> list[str]:
-    """routine / commitment per generated word (module docstring)."""
-    end = n_routine_ref
-    if "covering" in words:
-        i = words.index("covering")
-        end = next((j + 1 for j in range(i, len(words)) if words[j] == ","), len(words))
-    return ["routine" if i < end else "commitment" for i in range(len(words))]
+def routine_tokens(tok, text: str) -> int:
+    """Tokens of the routine clauses at the head of a reasoning text (module docstring)."""
+    from scenes.language import routine_length
+
+    words = text.split()
+    n = routine_length(words)
+    return len(tok.encode(" ".join(words[:n]))) if n else 0
 
 
-def cycle_record(steps, generated, words, n_routine_ref: int, forced_end: bool) -> dict:
+def token_classes(n_tokens: int, n_routine: int) -> list[str]:
+    """routine / commitment per generated token: the first n_routine tokens are routine."""
+    return ["routine" if i < n_routine else "commitment" for i in range(n_tokens)]
+
+
+def cycle_record(steps, generated, n_routine: int, forced_end: bool) -> dict:
     """Per-token labels and classes of one cycle, plus the judged proposals per class."""
     labels, owner = label_tokens(steps, generated, forced_end)
-    classes = token_classes(words, n_routine_ref)
+    classes = token_classes(len(labels), n_routine)
     judged = {c: 0 for c in CLASSES}
     for j, s in enumerate(steps):       # proposals judged: the accepted ones and the first rejection
         mine = [i for i, o in enumerate(owner) if o == j]

@@ -16,6 +16,7 @@ from prompt.config import ConfigError, read_json
 from runtime.artifacts import open_backend
 from runtime.config import load_planner_config
 from runtime.planner import Planner
+from bench.accept_map import routine_tokens
 from bench.cycle_report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
 from bench.sources import default_tokenizer, model_source, scene_source
 from bench.threads import torch_threads
@@ -93,7 +94,8 @@ def run_cycles(args, planner: Planner, tok) -> list:
                           f"+ trajectory + margin at their measured worst cases ({premise['need_ms']:.0f} ms): "
                           "cycles are flagged budget_too_small and may miss", flush=True)
             res = planner.plan(scene.images, scene.history, scene=scene.name)
-            log.write({**res.to_json(), "expert": _rounded(scene.future), "family": scene.family})
+            log.write({**res.to_json(), "expert": _rounded(scene.future), "family": scene.family,
+                       "routine_tokens": routine_tokens(tok, res.reasoning)})
             results.append(res)
             if not args.quiet:
                 print(table_row(res), flush=True)

@@ -208,6 +208,8 @@ def _mode_summary(m: Mode, mine: list[Cycle], plain: list[Cycle], t1: float, cfg
            "trajectory_max_diff_m": _traj_diff(mine, plain)}
     if m.k or m.adaptive:
         out.update(_spec_terms(m, steps, tau, t1, ms, out["decode_speedup"]["all"]))
+    if m.k:
+        out["free_running"] = free_running(steps)
     return out
 
 
@@ -258,11 +260,30 @@ def _records(mine: list[Cycle], scenes, tok) -> list[dict]:
             out.append(None)
             continue
         gen = list(c.res.reasoning_ids) + [tok.cot_end]
-        words = [tok.token(i) for i in gen]
-        rec = accept_map.cycle_record(c.steps, gen, words, scenes[c.scene].n_routine,
+        words = [piece(tok, i) for i in gen]
+        rec = accept_map.cycle_record(c.steps, gen, accept_map.routine_tokens(tok, c.res.reasoning),
                                       forced_end=c.res.stop_reason != "stop")
         out.append({**rec, "scene": c.scene, "repeat": c.repeat, "words": words})
     return out
+
+
+def piece(tok, i: int) -> str:
+    """How token i reads in text: its decoded piece (a subword's leading space dropped), or its
+    name for a special token."""
+    name = tok.token(int(i))
+    if name.startswith("<"):
+        return name
+    return tok.decode([int(i)]).strip() or name
+
+
+def free_running(steps) -> dict | None:
+    """Drafted tokens accepted per step at this fixed k, and the share of steps where every
+    drafted token was accepted (the draft might have gone further: k was the cap)."""
+    drafted = [s for s in steps if s.k]
+    if not drafted:
+        return None
+    return {"accepted_per_step": round(float(np.mean([s.accepted for s in drafted])), 4),
+            "at_cap": round(float(np.mean([s.accepted == s.k for s in drafted])), 4)}
 
 
 def _by_family(records, scenes) -> dict:

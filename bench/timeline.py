@@ -4,9 +4,9 @@ timeline.png   one bar per cycle, its stages end to end in the order a cycle run
                deadline as a line; budget cuts and fallback trajectories marked
 stages.png     the latency distribution of every stage over the cycles
 accepted.png   accepted draft tokens per speculative step, routine vs commitment: a step counts
-               as the class of the first token it emitted (bench/accept_map.token_classes: the
-               routine part ends at the "," after "covering"; without it every token counts as
-               commitment)
+               as the class of the first token it emitted (the cycle's "routine_tokens", which
+               `specdrive plan` logs from the language's parser; a log without it counts every
+               token as commitment)
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def segments(cycle: dict) -> list[tuple[str, float, float]]:
 def step_classes(cycle: dict) -> list[tuple[int, str]]:
     """(accepted tokens, routine|commitment) per speculative step of the reasoning."""
     dec = cycle.get("decode") or {}
-    words = (cycle.get("reasoning") or "").split()
-    classes = token_classes(words, 0) if words else []
+    n_tokens = len(cycle.get("reasoning_ids") or []) + 1
+    classes = token_classes(n_tokens, int(cycle.get("routine_tokens") or 0))
     out, pos = [], 1                           # token 0 came from the prefill
     for k, n in zip(dec.get("ks", []), dec.get("ns", [])):
         if k:

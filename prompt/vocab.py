@@ -49,6 +49,19 @@ class VocabMasks:
     def text_mask(self) -> np.ndarray:
         return self.masks()["text"]
 
+    def sampling_mask(self) -> np.ndarray:
+        """What a sampled rollout may write while reasoning: text without the prompt's structural
+        special tokens (an <|image_pad|> written as reasoning would be read as an image slot);
+        <|cot_end|> stays allowed."""
+        m = self.text_mask().copy()
+        for name in ("pad", "unk", "im_start", "im_end", "vision_start", "vision_end", "image_pad",
+                     "traj_history_start", "traj_history", "traj_history_end", "traj_future_start",
+                     "traj_future_end", "cot_start"):
+            i = getattr(self, name, None)
+            if i is not None:
+                m[i] = False
+        return m
+
 
 class Tokenizer(VocabMasks):
     """Word-level tokenizer over a closed vocabulary; `tok.cot_end` etc. are special-token ids.

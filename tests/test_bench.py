@@ -162,13 +162,12 @@ def test_labels_on_hand_made_steps():
     labels, owner = accept_map.label_tokens(steps, gen, forced_end=False)
     assert labels == ["prefill", "draft", "draft", "bonus", "draft", "corrected", "target"]
     assert owner == [-1, 0, 0, 0, 1, 1, 2]
-    words = ["w"] * len(gen)
-    rec = accept_map.cycle_record(steps, gen, words, n_routine_ref=3, forced_end=False)
+    rec = accept_map.cycle_record(steps, gen, 3, forced_end=False)
     assert rec["judged"] == {"routine": 2, "commitment": 2}      # 11 12 | 14 and the rejected 7
     # an accepted stop inside a block ends the step without a target token
     labels, _ = accept_map.label_tokens([step([11, stop, 5])], [10, 11, stop], forced_end=False)
     assert labels == ["prefill", "draft", "draft"]
-    rec = accept_map.cycle_record([step([11, stop, 5])], [10, 11, stop], ["w"] * 3, 9, False)
+    rec = accept_map.cycle_record([step([11, stop, 5])], [10, 11, stop], 9, False)
     assert rec["judged"] == {"routine": 2, "commitment": 0}      # the 5 after the stop was never judged
     # a forced <|cot_end|> is nobody's proposal
     labels, _ = accept_map.label_tokens([step([11])], [10, 11, 12, stop], forced_end=True)
@@ -178,10 +177,15 @@ def test_labels_on_hand_made_steps():
 
 
 def test_routine_commitment_split():
-    words = "ego is driving at 9 m/s , covering 13 m , the light is red , so stop".split()
-    classes = accept_map.token_classes(words, n_routine_ref=3)
-    assert classes[:11] == ["routine"] * 11 and set(classes[11:]) == {"commitment"}
-    assert accept_map.token_classes(["a", "b", "c"], n_routine_ref=2) == ["routine", "routine", "commitment"]
+    from train.vocab import build_tokenizer
+
+    tok = build_tokenizer(n=2000)
+    routine = "ego is driving at 9.1 m/s , holding a steady speed , going straight ,"
+    text = routine + " the signal ahead shows red , so stop"
+    n = accept_map.routine_tokens(tok, text)
+    assert n == len(tok.encode(routine)) and 0 < n < len(tok.encode(text))
+    assert accept_map.routine_tokens(tok, "a flying pig , so stop") == 0     # no routine clause parses
+    assert accept_map.token_classes(3, 2) == ["routine", "routine", "commitment"]
 
 
 def test_bad_bench_config_names_the_value():

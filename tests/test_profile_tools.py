@@ -15,6 +15,7 @@ def ranges():
 
 
 CYCLE = {"cycle": 1, "prompt_len": 10, "flags": ["budget_cut"], "reasoning": "ego is cruising , covering 4 m , so",
+         "reasoning_ids": [5, 6, 7, 8], "routine_tokens": 3,
          "decode": {"ks": [2, 0], "ns": [2, 0], "emitted": 4},
          "timing": {"total_ms": 10.0, "budget_ms": 9.0, "stages_ms": {"reasoning": 4.0, "vision": 2.0}}}
 

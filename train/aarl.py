@@ -90,14 +90,14 @@ def rollouts(draft, target, ex: data.Example, tok, cfg: AARLConfig):
     features, image embeds, tokens (G, max_new_tokens)). Seed torch's RNG before calling."""
     first, feats, embeds, T0 = prefill(target, ex, tuple(draft.cfg.feature_layers), torch.from_numpy(tok.traj_mask()))
     prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
-    tokens, _ = rollout(draft, prefix, feats, embeds, cfg.max_new_tokens, torch.from_numpy(tok.text_mask()),
+    tokens, _ = rollout(draft, prefix, feats, embeds, cfg.max_new_tokens, torch.from_numpy(tok.sampling_mask()),
                         cfg.temperature, group=cfg.group)
     return first, prefix, feats, embeds, tokens
 
 
 def aarl_step(policy, ref, target, expert, items, tok, cfg: AARLConfig, step: int):
     """items: [(Example, Scene)] of this step -> (loss, logs)."""
-    text = torch.from_numpy(tok.text_mask())
+    text = torch.from_numpy(tok.sampling_mask())
     losses, logs = [], {}
     for ex, scene in items:
         torch.manual_seed(cfg.run.seed * 100_003 + step * 1009 + int(ex.index))
