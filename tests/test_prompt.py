@@ -125,3 +125,14 @@ def test_layout_segments_and_reasoning_start():
     assert np.array_equal(infer.ids, p.ids[: p.reasoning_start])
     for start, n in p.image_spans:
         assert p.ids[start - 1] == tok.vision_start and p.ids[start + n] == tok.vision_end
+
+
+def test_sampling_mask_keeps_text_and_cot_end_and_drops_the_prompt_structure():
+    from train.vocab import build_tokenizer
+
+    for tok in (Tokenizer.build(WORDS), build_tokenizer(n=500)):
+        m = tok.sampling_mask()
+        assert m[tok.cot_end] and m[tok.encode("ego")[0]]
+        for name in ("image_pad", "vision_start", "vision_end", "im_start", "cot_start", "traj_future_start"):
+            assert not m[getattr(tok, name)], name
+        assert not (m & tok.traj_mask()).any()
