@@ -138,6 +138,7 @@ def markdown_report(record: dict) -> str:
                          f"| {_f(st['all']['accept_rate'], pct=True)} | {_f(st['routine']['tau'])} "
                          f"| {_f(st['commitment']['tau'])} |")
         lines.append("")
+    lines += acceptance_table(record)
     lines += [f"- {m['note']}" for m in record["modes"] if m.get("note")]
     lines += ["", f"Setup: {s.get('source')}, backend {s.get('backend')} on {s.get('device')}, "
               f"{s.get('scenes')} scenes (seed {s.get('seed')}, split {s.get('split')}) x {s.get('repeats')} "
@@ -148,6 +149,21 @@ def markdown_report(record: dict) -> str:
               + (f", GPU {mach['gpu']}" if mach.get("gpu") else "") + ".",
               "", f"Command: `{s.get('command')}`"]
     return "\n".join(lines) + "\n"
+
+
+def acceptance_table(record: dict) -> list[str]:
+    """Per speculative mode: tau, per-token acceptance (alpha) of routine and commitment tokens,
+    and at fixed k the free-running length (accepted per step, share of steps at the cap)."""
+    rows = ["| mode | tau | alpha routine | alpha commitment | accepted per step | steps at the cap k |",
+            "|---|---|---|---|---|---|"]
+    for m in record["modes"][1:]:
+        wa = record["where_accepted"].get(m["name"], {}).get("by_class", {})
+        fr = m.get("free_running") or {}
+        rows.append(f"| {m['name']} | {m['tau']:.2f} | {_f(wa.get('routine', {}).get('accept_rate'), pct=True)} "
+                    f"| {_f(wa.get('commitment', {}).get('accept_rate'), pct=True)} "
+                    f"| {_f(fr.get('accepted_per_step'))} | {_f(fr.get('at_cap'), pct=True)} |")
+    return ["Acceptance per mode (alpha: accepted / judged proposals, the first rejection of a step "
+            "included):", "", *rows, ""]
 
 
 def _where_row(cls: str, st: dict) -> str:
