@@ -22,7 +22,7 @@ all: test
 help:
 	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
 	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
-	@echo "make train    reproduce checkpoints/tiny from scratch (~90 min on 2 CPU cores)"
+	@echo "make train    reproduce checkpoints/tiny from scratch (~100 min on 2 CPU cores)"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
 	@echo "make engines-cpu  export the shipped checkpoint to ONNX (-> build/engines/tiny-ort) for --engines"
@@ -51,7 +51,7 @@ scenes: $(STAMP)
 	$(PY) -m tools.cli scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
 
 # Reproduce checkpoints/tiny from scratch (data, vision pretraining, SFT, distillation, AARL,
-# ship, model card); ~90 min on 2 CPU cores.
+# ship, model card); ~100 min on 2 CPU cores (data 9, vision 9, SFT 71, drafts + AARL + eval 10).
 train: $(STAMP)
 	$(PY) -m tools.cli scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
 	$(PY) -m tools.cli train vision --config configs/train/vision.yaml
@@ -76,7 +76,7 @@ bench-ort: engines-cpu
 
 # Speculative vs plain decoding on the shipped checkpoints (table, JSON, plots in out/bench).
 bench: $(STAMP)
-	$(PY) -m tools.cli bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --json out/bench/bench.json
+	$(PY) -m tools.cli bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --ks 4,8,16 --json out/bench/bench.json
 
 # Profile planner cycles on the shipped checkpoint: under Nsight Systems where nsys and a GPU are
 # (report out/profile/profile_cpu_torch_tiny.nsys-rep), else ranges recorded here (out/profile:
