@@ -32,7 +32,7 @@ from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizer
 from prompt.config import ConfigError, read_json
 from prompt.layout import Conditioning
 from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
-from prompt.vocab import ROLE_WORDS, SPECIAL, VocabMasks, _attr
+from prompt.vocab import ROLE_WORDS, SPECIAL, VocabMasks, attr_name
 
 FORMAT = "specdrive-bpe-v1"     # in the fingerprint only (the file itself is plain Hugging Face)
 FIXED = (*SPECIAL, *(f"<hist_{i}>" for i in range(HIST_BINS)), *(f"<fx_{i}>" for i in range(FUT_X_BINS)),
@@ -99,7 +99,7 @@ class BpeTokenizer(VocabMasks):
         self.fut_y_ids = range(self.fut_x_ids.stop, self.fut_x_ids.stop + FUT_Y_BINS)
         self.text_ids = range(self.fut_y_ids.stop, len(self._vocab))
         for i, t in enumerate(SPECIAL):
-            setattr(self, _attr(t), i)
+            setattr(self, attr_name(t), i)
 
     # --- files ----------------------------------------------------------------------------------
     @classmethod

@@ -32,7 +32,7 @@ ROLE_WORDS = ("user", "assistant")  # chat roles, always in the vocabulary
 FORMAT = "specdrive-tokenizer-v1"
 
 
-def _attr(token: str) -> str:
+def attr_name(token: str) -> str:
     return token.strip("<|>")
 
 
@@ -88,7 +88,7 @@ class Tokenizer(VocabMasks):
         self._id = {t: i for i, t in enumerate(SPECIAL)}
         self._id.update({w: self.word_ids.start + i for i, w in enumerate(words)})
         for i, t in enumerate(SPECIAL):
-            setattr(self, _attr(t), i)
+            setattr(self, attr_name(t), i)
 
     @classmethod
     def build(cls, words) -> "Tokenizer":

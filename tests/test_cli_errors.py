@@ -96,9 +96,11 @@ def test_a_draft_that_is_not_a_draft_exits_2(ckpt, tmp_path, capsys):
 
 
 def test_a_reordered_tokenizer_is_refused(ckpt, tmp_path, capsys):
-    """Before: the same words in another order ran and reasoned gibberish."""
+    """Before: the same tokens in another order ran and reasoned gibberish."""
     data = json.loads((ckpt / "tokenizer.json").read_text())
-    data["words"][3], data["words"][4] = data["words"][4], data["words"][3]
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]            # two learned tokens swap their ids
+    vocab[a], vocab[b] = vocab[b], vocab[a]
     (ckpt / "tokenizer.json").write_text(json.dumps(data))
     code = plan("--checkpoint", str(ckpt), "--out", str(tmp_path / "o"))
     assert code == 2 and "is not the tokenizer" in capsys.readouterr().err

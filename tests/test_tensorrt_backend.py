@@ -18,6 +18,7 @@ import pytest
 from engines import build as eb
 from engines.profile import Shapes, load_profile
 from prompt.config import ConfigError, file_sha256
+from prompt.tokenizer import load_tokenizer
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner
@@ -200,7 +201,8 @@ def step(engines, doubles):
     return e, ctx, stream, cuda, buffers
 
 
-def width(ctx, n, hd=32, V=1098):
+def width(ctx, n, hd=32, V=None):
+    V = V or len(load_tokenizer(SHIPPED))
     return all([ctx.set_input_shape("ids", (1, n)), ctx.set_input_shape("cos", (1, n, hd)),
                 ctx.set_input_shape("sin", (1, n, hd)), ctx.set_input_shape("allowed", (n, V))])
 

@@ -17,13 +17,15 @@ from engines import trtllm
 from engines.profile import GraphPrecision, TrtllmConfig, load_profile
 from models import io
 from prompt.config import ConfigError
-from prompt.vocab import Tokenizer
+from prompt.tokenizer import load_tokenizer
 from runtime.config import load_planner_config
 
 CKPT = Path("checkpoints/tiny")
 GOLDEN = json.loads((Path(__file__).parent / "data" / "trtllm_golden.json").read_text())
-FP8_TOL = 0.1      # mean |logits_fp8 - logits_fp32| / std(logits_fp32): FP8 weights and activations,
-                   # bfloat16 rest (measured ~0.04-0.07 on the tiny model over random-token prompts)
+FP8_TOL = 0.2      # mean |logits_fp8 - logits_fp32| / std(logits_fp32): FP8 weights and activations,
+                   # bfloat16 rest, over random-token prompts, amax from CALIB scenes. Measured 0.04-0.07
+                   # on the world v1 model; 0.03-0.16 on the world v2 model (its target's first prompt
+                   # 0.157), so the bound moved from 0.1 to 0.2; a 100x wrong scale stays far outside.
 CALIB = 2          # calibration scenes in these tests (the profiles use 32)
 
 
@@ -40,7 +42,7 @@ def stub_calibrate(profile, out, meta, planner, progress):
 
 @pytest.fixture(scope="module")
 def models():
-    tok = Tokenizer.load(CKPT / "tokenizer.json")
+    tok = load_tokenizer(CKPT)
     draft_dir = trtllm.standalone_draft(CKPT)
     return io.load_models({**io.scan_checkpoints(CKPT)[0], "draft": draft_dir}, tok)
 
@@ -171,7 +173,7 @@ def test_activation_amax_is_the_largest_input_seen(models):
     seen = []
     h = target.layers[0].input_layernorm.register_forward_hook(lambda m, a, y: seen.append(float(y.abs().max())))
     try:
-        tok = Tokenizer.load(CKPT / "tokenizer.json")
+        tok = load_tokenizer(CKPT)
         amax = fp8_amax(cfg, target, expert, draft, tok, scenes, load_planner_config("thor"))
     finally:
         h.remove()

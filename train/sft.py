@@ -132,6 +132,7 @@ def save_target(folder, cfg: ModelConfig, target: Target, expert: ActionExpert, 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(folder / "tokenizer.json")
+    extra = {**extra, "tokenizer_sha256": tok.fingerprint}     # the loaders refuse any other tokenizer
     io.save(folder / "target", {"target": target}, cfg, {"kind": "target", **extra})
     io.save(folder / "expert", {"expert": expert}, cfg, {"kind": "expert", **extra})
 
