@@ -20,7 +20,7 @@ from runtime.acceptance import trajectory_range_ids
 from runtime.adaptive import AcceptanceRate, StepPolicy
 from runtime.backend import PrefillInputs
 from runtime.budget import CostModel, CycleBudget, wall_ms
-from runtime.checks import check_history, check_trajectory, comfortable_stop
+from runtime.checks import check_history, check_speed, check_trajectory, comfortable_stop
 from runtime.config import PlannerConfig
 from runtime.cycle import (FUTURE_TOKENS, CycleResult, InputError, check_images, check_setup, cycle_prompt,
                            future_from_tokens, future_mask, reserve_rows)
@@ -97,6 +97,9 @@ class Planner:
         if problems:
             raise InputError(problems[0])
         v0 = self.tok.conditioning.speed(history)     # the layout's v0 estimator
+        problems = check_speed(v0, self.cfg.checks)
+        if problems:
+            raise InputError(problems[0])
         self.last_v0 = v0
         return check_images(images, self.cfg), v0
 

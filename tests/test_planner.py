@@ -172,3 +172,31 @@ def test_even_a_planner_fault_returns_a_result(monkeypatch):
     res = p.plan(IMAGES, HISTORY)
     assert "planner fault" in res.error and "planner_error" in res.flags
     assert_delivered(res, "stop")
+
+
+def test_a_history_whose_v0_exceeds_the_limit_is_refused_and_the_stop_passes():
+    """Issue 23.1: every step under 45 m/s (the last one 40 m/s after 5 m/s), yet the layout's
+    v0 estimate is 57.5 m/s; a stop from that speed fails the checks. Now the history is an
+    input_error and the stop comes from the last known speed, passing the checks."""
+    p, _ = make()
+    assert p.plan(IMAGES, HISTORY).ok
+    sharp = np.stack([5 * T, 0 * T, 0 * T], 1)
+    sharp[:-1, 0] -= 3.5                                   # the last step moves 4 m in 0.1 s
+    res = p.plan(IMAGES, sharp)
+    assert "input_error" in res.flags and "v0 = 57.5 m/s" in res.error and "45.0" in res.error
+    assert_delivered(res, "stop")                          # from the last cycle's 8 m/s
+    assert p.last_v0 == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("bad", [
+    np.full((16, 3), "1.0"), np.zeros((16, 3), bool), np.zeros((16, 3), complex),
+    [[0.0, 0.0, 0.0]] * 15 + [[0.0, 0.0]],
+])
+def test_a_history_that_is_not_real_numbers_is_an_input_error(bad):
+    """Issue 23.10: strings and ragged lists were planner_error, bools and complex accepted."""
+    p, _ = make()
+    assert p.plan(IMAGES, HISTORY).ok
+    res = p.plan(IMAGES, bad)
+    assert "input_error" in res.flags and "planner_error" not in res.flags, (res.flags, res.error)
+    assert "ego history" in res.error
+    assert_delivered(res, "stop")
