@@ -301,7 +301,7 @@ def test_one_hung_fallback_does_not_hold_the_planner_in_stops():
                           prior_trajectory_ms=25)
     p = Planner(be, TOK, PlannerConfig(budget=budget, fallback="worker"), clock=FakeClock())
     first = p.plan(IMAGES, history(8))
-    hung = p.fallback.pending
+    hung = p.fallback.job
     assert "expert_busy" in first.flags and first.source == "stop" and hung is not None
     results = [p.plan(IMAGES, history(8)) for _ in range(5)]
     assert "fallback_stuck" in results[0].flags, results[0].flags
