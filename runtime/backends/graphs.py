@@ -16,7 +16,7 @@ import numpy as np
 from prompt.config import ConfigError
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
-from runtime.backend import Backend, mask_rows, periodic_mask
+from runtime.backend import Backend, expert_noise, mask_rows, periodic_mask
 
 
 class GraphBackend(Backend):
@@ -80,7 +80,7 @@ class GraphBackend(Backend):
                               f"combined by {a['combine']!r}, the planner asks for {samples} by "
                               f"{combine!r}; re-export with that planner profile")
         W, A, S = a["n_waypoints"], a["action_dim"], samples
-        x = np.random.default_rng(seed).standard_normal((S, W, A)).astype(np.float32)
+        x = expert_noise(seed, S, W, A)
         pos = rows + self.delta + np.arange(W)
         cos, sin = rope_tables(np.broadcast_to(pos, (3, S, W)) if t["mrope_section"] else
                                np.broadcast_to(pos, (S, W)), t["head_dim"], t["rope_theta"],
