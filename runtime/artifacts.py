@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
-from prompt.meta import read_meta, scan_checkpoints
+from prompt.meta import check_facts, read_meta, scan_checkpoints
 from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, BackendSpec, load_backend
+from runtime.backends.graphs import check_graphs_meta
 
 MANIFEST_FORMAT = "specdrive-engines-manifest"     # engines/build.py writes it (runtime may not import engines/)
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-llm")     # run the engines manifest.json lists
@@ -139,6 +140,8 @@ def _engines_spec(src: ModelSource, spec: BackendSpec) -> str:
                               f"expected kind 'engines' and a backend of {sorted(BACKENDS)}")
         if name != meta.get("backend"):
             raise ConfigError(f"--backend {name} but {src.engines} holds {meta.get('backend')} engines")
+    check_facts(meta, f"{src.engines}/meta.json")      # every host-side fact as exported
+    check_graphs_meta(src.engines, meta)               # ... and whole: versions, graphs, shapes
     spec.engines, spec.meta = Path(src.engines), meta
     spec.manifest = read_manifest(src.engines, name) if name in ENGINE_BACKENDS else None
     spec.tokenizer = load_tokenizer(src.engines)

@@ -18,6 +18,7 @@ import pytest
 from engines import build as eb
 from engines.profile import Shapes, load_profile
 from prompt.config import ConfigError, file_sha256
+from prompt.meta import stamp_facts
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner
@@ -309,7 +310,7 @@ def test_a_mismatched_manifest_is_refused(engines, tmp_path, monkeypatch, how, w
     elif how == "precision":
         meta = json.loads((e / "meta.json").read_text())
         meta["graphs"]["step"]["precision"] = "int8"
-        (e / "meta.json").write_text(json.dumps(meta))
+        (e / "meta.json").write_text(json.dumps(stamp_facts(meta)))     # past the facts hash
         m["onnx_meta_sha256"] = file_sha256(e / "meta.json")
     elif how == "range":
         m["tensorrt_range"] = ["8.6", "10.3"]
