@@ -295,3 +295,14 @@ def test_an_engines_folder_is_checked_whole_when_it_opens(engines, tmp_path, dam
         open_backend(ModelSource(engines=e), 512)
     msg = str(err.value)
     assert "\n" not in msg and (word in msg if restamp else "facts_sha256" in msg or "is missing" in msg), msg
+
+
+@pytest.mark.parametrize("change,word", [({"trajectory_samples": 4}, "trajectory_samples=4"),
+                                         ({"trajectory_combine": "medoid"}, "trajectory_combine='medoid'")])
+def test_a_profile_whose_expert_draws_differ_from_the_export_is_refused(engines, change, word):
+    """Issue 23.6: only max_len was checked; other draws or another combine ran and every cycle
+    ended in a stop. Now the planner is refused when made, naming the field and the export's."""
+    be, tok = open_backend(ModelSource(engines=engines), 512)
+    cfg = dict(fallback="on_failure", euler_steps=2, trajectory_samples=8, max_len=512)
+    with pytest.raises(ConfigError, match=word + ".*exported for 8 draws combined by 'mean'"):
+        Planner(be, tok, PlannerConfig(**{**cfg, **change}))

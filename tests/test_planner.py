@@ -74,8 +74,18 @@ def test_bad_history_gives_an_error_and_uses_the_last_known_speed():
     assert_delivered(res, "stop")                                        # from the last cycle's speed
 
 
-def test_over_long_prompt_is_refused():
-    p, _ = make(max_len=256)
+@pytest.mark.parametrize("max_len,reasoning", [(64, 64), (256, 64), (1024, 2000)])
+def test_a_profile_that_can_never_fit_the_cache_is_refused(max_len, reasoning):
+    """Issue 23.7: max_len 64 (or any cache below the prompt), or max_reasoning_tokens larger
+    than the cache, were accepted and every cycle was an input_error; now refused when made."""
+    with pytest.raises(ConfigError, match=r"no cycle can ever fit; allowed max_(reasoning_tokens <=|len >=) \d+"):
+        make(max_len=max_len, max_reasoning_tokens=reasoning)
+
+
+def test_an_over_long_prompt_is_an_input_error():
+    """The per-cycle check behind it stays: a cache that shrank after the planner was made."""
+    p, be = make(max_len=300, max_reasoning_tokens=1)
+    be.max_len = 200
     res = p.plan(IMAGES, HISTORY)
     assert "cache rows" in res.error and "input_error" in res.flags
     assert_delivered(res, "stop")

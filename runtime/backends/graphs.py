@@ -103,6 +103,7 @@ class GraphBackend(Backend):
         self.draft_keeps_proposals = not self.fused
         self.feat_dim = 3 * t["hidden"] if self.fused else 1
         self.delta = 0
+        self.action_fixed = (meta["action"]["samples"], meta["action"]["combine"])   # in action_output
 
     # --- vision ---------------------------------------------------------------------------------
     def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
