@@ -124,6 +124,9 @@ def backend_spec(src: ModelSource, max_len: int | None, default_tokenizer=None,
     --backend tensorrt / tensorrt-llm with an engines folder runs the engines its manifest.json
     lists (checked against `max_len` and, when given, the planner's `k_max`).
     """
+    if src.random_init is not None and src.preset is None:
+        raise ConfigError(f"--random-init {src.random_init} seeds the random weights of --preset models; "
+                          "--checkpoint and --engines load trained weights (drop --random-init)")
     spec = BackendSpec(tokenizer=None, max_len=max_len, device=src.device, eager=src.eager, k_max=k_max,
                        threads=src.threads, draft=src.draft, seed=src.random_init)
     name = _engines_spec(src, spec) if src.engines is not None else _models_spec(src, spec, default_tokenizer)

@@ -149,4 +149,4 @@ class PlannerConfig:
 
 def load_planner_config(name_or_path: str | Path) -> PlannerConfig:
     """A profile name (configs/planner/NAME.yaml) or a YAML path -> PlannerConfig."""
-    return load_named(PlannerConfig, name_or_path, PRESET_DIR, "planner profile", "profiles")
+    return load_named(PlannerConfig, name_or_path, PRESET_DIR, "planner profile", "profiles", empty_ok=False)
