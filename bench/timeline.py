@@ -18,7 +18,7 @@ import numpy as np
 from bench.accept_map import token_classes
 from prompt.config import ConfigError
 
-COLORS = {"vision": "#6b4fa8", "prefill": "#3b6fd4", "fallback": "#e0a422", "fallback_wait": "#b0b0b0",
+COLORS = {"prompt": "#8c564b", "vision": "#6b4fa8", "prefill": "#3b6fd4", "fallback": "#e0a422", "fallback_wait": "#b0b0b0",
           "reasoning": "#3a9a4a", "expert_wait": "#c8c8c8", "trajectory": "#e07b22"}
 
 
@@ -54,7 +54,7 @@ def is_cycle(rec: dict) -> bool:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in stages.values()))
 
 
-STAGE_ORDER = ("fallback_wait", "vision", "prefill", "fallback", "reasoning", "expert_wait", "trajectory")
+STAGE_ORDER = ("fallback_wait", "prompt", "vision", "prefill", "fallback", "reasoning", "expert_wait", "trajectory")
 
 
 def segments(cycle: dict) -> list[tuple[str, float, float]]:

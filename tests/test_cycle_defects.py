@@ -258,7 +258,7 @@ def test_a_reversing_ego_gets_a_trajectory_that_passes_the_checks(speed):
     ("spec: {k: 2.5}", "must be an integer"),
     ("budget: null", "expected a mapping"),
     ("spec: null", "expected a mapping"),
-    ("budget: {budget_ms: 20.0}", "below vision + prefill + margin"),
+    ("budget: {budget_ms: 20.0}", "below prompt + vision + prefill + margin"),
     ("checks: {max_history_speed: 60.0}", "must not exceed checks.max_speed"),
     ("trajectory_samples: true", "must be an integer"),
 ])
