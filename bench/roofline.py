@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, from_dict, load_yaml
+from prompt.config import ConfigError, from_dict, load_yaml, read_json
 from bench.projection import Device, Workload, memory_report, project, remedies, stage_costs
 
 SMALLER = {"alpamayo-r1-10b": "edge-2b"}     # the remedy "a smaller preset"
@@ -88,7 +89,7 @@ def run(args) -> int:
                                          list(range(1, pcfg.spec.k_max + 2)), w.samples)
         print(format_memory(result["memory"]))
     if args.validate:
-        result["validation"] = validate(cfg, dev, w, json.loads(args.validate.read_text()))
+        result["validation"] = validate(cfg, dev, w, read_stats(args.validate))
         print(format_validation(result["validation"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +108,18 @@ def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None 
         res["remedies"], best = remedies(cfg, dev, w, cameras, smaller)
         res["with_remedies"] = {**project(cfg, dev, best), "workload": dataclasses.asdict(best)}
     return res
+
+
+def read_stats(path) -> dict:
+    """A `specdrive profile` stats.json: calls, prompt_len and reasoning_tokens (ConfigError)."""
+    stats = read_json(path, "--validate profile stats")
+    ok = isinstance(stats, dict) and isinstance(stats.get("calls"), dict) and all(
+        isinstance(stats.get(k), (int, float)) and not isinstance(stats.get(k), bool) and math.isfinite(stats[k])
+        for k in ("prompt_len", "reasoning_tokens"))
+    if not ok:
+        raise ConfigError(f"--validate {str(path)!r}: not the stats.json of `specdrive profile` (needs 'calls', "
+                          "a finite 'prompt_len' and 'reasoning_tokens')")
+    return stats
 
 
 def validate(cfg, dev: Device, w: Workload, stats: dict) -> list[dict]:

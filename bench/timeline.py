@@ -16,16 +16,45 @@ from pathlib import Path
 import numpy as np
 
 from bench.accept_map import token_classes
+from prompt.config import ConfigError
 
-COLORS = {"vision": "#6b4fa8", "prefill": "#3b6fd4", "fallback": "#e0a422", "fallback_wait": "#b0b0b0",
+COLORS = {"prompt": "#8c564b", "vision": "#6b4fa8", "prefill": "#3b6fd4", "fallback": "#e0a422", "fallback_wait": "#b0b0b0",
           "reasoning": "#3a9a4a", "expert_wait": "#c8c8c8", "trajectory": "#e07b22"}
 
 
-def load_cycles(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def load_cycles(path: Path, warn=print) -> list[dict]:
+    """The cycle records of a cycles.jsonl. A line that is not a JSON cycle record (garbage, a
+    truncated last line, binary bytes) is skipped and counted (`warn` says how many); a file
+    with no record at all is refused (ConfigError)."""
+    cycles, bad = [], []
+    for i, line in enumerate(Path(path).read_bytes().decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict) and is_cycle(rec):
+            cycles.append(rec)
+        else:
+            bad.append(i)
+    if not cycles:
+        raise ConfigError(f"{path}: no cycle records (JSON lines of `specdrive plan` or `specdrive profile`); "
+                          f"{len(bad)} lines are something else")
+    if bad:
+        warn(f"{path}: skipped {len(bad)} lines that are not cycle records (first: line {bad[0]})")
+    return cycles
 
 
-STAGE_ORDER = ("fallback_wait", "vision", "prefill", "fallback", "reasoning", "expert_wait", "trajectory")
+def is_cycle(rec: dict) -> bool:
+    """A record the pictures can draw: an int cycle, timing (if any) with numeric stages."""
+    timing = rec.get("timing") or {}
+    stages = timing.get("stages_ms", {}) if isinstance(timing, dict) else None
+    return (type(rec.get("cycle")) is int and isinstance(stages, dict)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in stages.values()))
+
+
+STAGE_ORDER = ("fallback_wait", "prompt", "vision", "prefill", "fallback", "reasoning", "expert_wait", "trajectory")
 
 
 def segments(cycle: dict) -> list[tuple[str, float, float]]:

@@ -28,7 +28,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 from tqdm import tqdm
 
-from prompt.config import ConfigError, file_sha256
+from prompt.config import ConfigError, file_sha256, read_json
 
 CACHE_INPUTS = {"cache"}          # inputs that are the full KV cache (trimmed when recorded)
 # the LLM graphs keep a sample from every scene; the others (vision, draft prefill, action expert:
@@ -69,41 +69,70 @@ class CalibrationSet:
             save_file(tensors, str(folder / f"{graph}.safetensors"))
             files[graph] = {"file": f"{graph}.safetensors", "samples": len(samples),
                             "sha256": file_sha256(folder / f"{graph}.safetensors")}
-        self.sha256 = digest(files)
+        self.sha256 = digest(files, self.scenes, self.max_len)
         index = {"format": FORMAT, "format_version": 1, "scenes": self.scenes, "max_len": self.max_len,
                  "graphs": files, "sha256": self.sha256}
         (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
         return index
 
 
-def digest(files: dict) -> str:
-    """The set's hash: over every graph file's hash, in graph order."""
-    return hashlib.sha256(json.dumps({g: f["sha256"] for g, f in sorted(files.items())}).encode()).hexdigest()
+def digest(files: dict, scenes: list, max_len: int) -> str:
+    """The set's hash: over every graph file's name, sample count and hash, the scenes and max_len
+    (an index edited by hand no longer matches it)."""
+    body = {"graphs": {g: [f["file"], f["samples"], f["sha256"]] for g, f in sorted(files.items())},
+            "scenes": scenes, "max_len": max_len}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def load(folder: Path) -> CalibrationSet:
-    """A saved set, each file checked against index.json."""
+    """A saved set, index.json checked whole (its hash covers every field) and each file
+    against it; ConfigError naming what is wrong."""
     folder = Path(folder)
-    if not (folder / INDEX).is_file():
+    where = folder / INDEX
+    if not where.is_file():
         raise ConfigError(f"{folder}: no {INDEX}; not a calibration set (run `specdrive calibrate record`)")
-    index = json.loads((folder / INDEX).read_text())
-    if index.get("format") != FORMAT:
-        raise ConfigError(f"{folder / INDEX}: format {index.get('format')!r}, expected {FORMAT!r}")
-    graphs = {}
-    for graph, f in index["graphs"].items():
-        path = folder / f["file"]
-        if not path.is_file() or file_sha256(path) != f["sha256"]:
-            raise ConfigError(f"{path}: missing or changed since it was recorded (sha256 in {INDEX}); "
-                              "record the calibration set again")
+    index = read_json(where, "calibration index")
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        got = index.get("format") if isinstance(index, dict) else type(index).__name__
+        raise ConfigError(f"{where}: format {got!r}, expected a {FORMAT!r} table")
+    files, scenes, max_len = index.get("graphs"), index.get("scenes"), index.get("max_len")
+    if not isinstance(files, dict) or not files or not all(
+            isinstance(f, dict) and isinstance(f.get("file"), str) and type(f.get("samples")) is int
+            and isinstance(f.get("sha256"), str) for f in files.values()):
+        raise ConfigError(f"{where}: 'graphs' must map each graph to its file, samples and sha256; "
+                          "record the calibration set again")
+    if not isinstance(scenes, list) or type(max_len) is not int:
+        raise ConfigError(f"{where}: 'scenes' (a list) and 'max_len' (an int) are needed; record the set again")
+    if digest(files, scenes, max_len) != index.get("sha256"):
+        raise ConfigError(f"{where}: its sha256 does not match its graphs, sample counts, scenes and max_len "
+                          "(edited by hand?); record the calibration set again")
+    return CalibrationSet({g: _samples(folder, g, f) for g, f in files.items()}, scenes, max_len, index["sha256"])
+
+
+def _samples(folder: Path, graph: str, f: dict) -> list[dict]:
+    """One graph's samples, its file checked: inside the folder, its hash, safetensors, and
+    exactly samples 0000 .. samples-1 in it."""
+    path = folder / f["file"]
+    if Path(f["file"]).is_absolute() or not path.resolve().is_relative_to(folder.resolve()) or \
+            not path.is_file() or file_sha256(path) != f["sha256"]:
+        raise ConfigError(f"{path}: missing, outside the set or changed since it was recorded (sha256 in "
+                          f"{INDEX}); record the calibration set again")
+    try:
         flat = load_file(str(path))
-        samples = [{} for _ in range(f["samples"])]
-        for key, a in flat.items():
-            i, name = key.split(".", 1)
-            samples[int(i)][name] = a
-        graphs[graph] = samples
-    if digest(index["graphs"]) != index["sha256"]:
-        raise ConfigError(f"{folder / INDEX}: its sha256 does not match its files")
-    return CalibrationSet(graphs, index["scenes"], index["max_len"], index["sha256"])
+    except Exception as e:          # safetensors raises its own error types for a foreign file
+        raise ConfigError(f"{path}: not a safetensors file ({e}); record the calibration set again") from None
+    n = f["samples"]
+    samples = [{} for _ in range(max(n, 0))]
+    for key, a in flat.items():
+        i, _, name = key.partition(".")
+        if not (i.isdigit() and int(i) < n and name):
+            raise ConfigError(f"{path}: tensor {key!r} is not sample NNNN.input of {n} samples; "
+                              "record the calibration set again")
+        samples[int(i)][name] = a
+    if n < 1 or not all(samples):
+        raise ConfigError(f"{path}: {n} samples in {INDEX}, but the file holds {len({k.split('.')[0] for k in flat})}; "
+                          "record the calibration set again")
+    return samples
 
 
 def spread(scene: int, per_scene: int, calls: int) -> list[int]:

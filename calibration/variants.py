@@ -20,6 +20,7 @@ from pathlib import Path
 from calibration.quantize import (PRECISIONS, QUANTIZER_VERSION, modelopt_version, quantize_graph,
                                   quantized_types)
 from prompt.config import ConfigError, file_sha256
+from prompt.meta import stamp_facts
 
 TARGET = ("prefill", "step")
 DRAFT = ("draft_prefill", "draft_feed", "draft_chain")
@@ -104,4 +105,4 @@ def select(meta: dict, entries: dict) -> dict:
     m["precision"] = {g: e["precision"] for g, e in m["graphs"].items()}
     sets = {e["quantization"]["calibration_sha256"] for e in m["graphs"].values() if "quantization" in e}
     m["calibration_sha256"] = sets.pop() if len(sets) == 1 else sorted(sets) or None
-    return m
+    return stamp_facts(m)

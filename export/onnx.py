@@ -45,6 +45,7 @@ from torch import nn
 from models import io
 from models.draft import Draft
 from prompt.config import ConfigError, file_sha256, to_dict
+from prompt.meta import stamp_facts
 from prompt.pixels import images_to_patches
 
 OPSET = 18
@@ -186,7 +187,7 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
         graphs[gname] = _export(module.eval(), args, names, dyn, out / f"{gname}.onnx")
         progress(f"exported {gname}.onnx ({time.perf_counter() - t0:.1f} s)")
     shutil.copy(Path(checkpoint) / "tokenizer.json", out / "tokenizer.json")
-    meta = _meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok)
+    meta = stamp_facts(_meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok))
     (out / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
 

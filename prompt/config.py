@@ -124,8 +124,26 @@ def to_dict(obj) -> dict:
     return plain(dataclasses.asdict(obj))
 
 
-def load_yaml(cls, path: str | Path):
-    """Load `path` (YAML) into the checked dataclass `cls`."""
+def _unique_loader():
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise ConfigError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice; "
+                                      "give each key once")
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+    return Loader
+
+
+def load_yaml(cls, path: str | Path, empty_ok: bool = True):
+    """Load `path` (YAML) into the checked dataclass `cls`. A key given twice is refused; an empty
+    file (every default) too unless `empty_ok` (`{}` says every default on purpose)."""
     import yaml  # core dependency; imported here so `import prompt` stays numpy-only
 
     path = Path(path)
@@ -133,13 +151,18 @@ def load_yaml(cls, path: str | Path):
         raise ConfigError(f"config file {str(path)!r} does not exist")
     with path.open() as f:
         try:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=_unique_loader())
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    return from_dict(cls, data, where=str(path))
+    if data is None and not empty_ok:
+        raise ConfigError(f"{path}: the file is empty, so every field would be its default (the budget off); "
+                          "write the fields, or {} for every default on purpose")
+    return from_dict(cls, data or {}, where=str(path))
 
 
-def load_named(cls, name_or_path: str | Path, folder: Path, what: str, whats: str):
+def load_named(cls, name_or_path: str | Path, folder: Path, what: str, whats: str, empty_ok: bool = True):
     """A preset name (folder/NAME.yaml) or a path to a YAML file -> the checked dataclass `cls`.
     `what` / `whats` name one preset and several in the error ("planner profile", "profiles")."""
     path = Path(name_or_path)
@@ -148,7 +171,7 @@ def load_named(cls, name_or_path: str | Path, folder: Path, what: str, whats: st
     if not path.is_file():
         known = sorted(p.stem for p in Path(folder).glob("*.yaml"))
         raise ConfigError(f"{what} {str(name_or_path)!r} not found; known {whats}: {known}")
-    return load_yaml(cls, path)
+    return load_yaml(cls, path, empty_ok)
 
 
 def file_sha256(path: str | Path) -> str:

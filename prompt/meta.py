@@ -51,3 +51,55 @@ def scan_checkpoints(folder) -> tuple[dict[str, Path], dict[str, Path]]:
         raise ConfigError(f"{folder}: no target checkpoint (meta.json kind 'target' or 'planner'); "
                           f"found kinds {sorted(models) + (['draft'] if drafts else [])}")
     return models, drafts
+
+
+# --- the facts of an artifact's meta.json, covered by a hash -------------------------------------
+FACTS = "facts_sha256"
+NOT_FACTS = ("created_at", "source", FACTS)      # informational: an edit there is harmless
+
+
+def facts(meta: dict, prefix: str = "") -> dict[str, object]:
+    """{dotted field: value} of every leaf of meta.json a loader may act on (lists are leaves)."""
+    out = {}
+    for key, value in meta.items():
+        if not prefix and key in NOT_FACTS:
+            continue
+        if isinstance(value, dict) and value:
+            out.update(facts(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def facts_sha256(meta: dict) -> dict[str, str]:
+    """{dotted field: sha256 of its canonical JSON, 16 hex digits}: what a writer stores under
+    "facts_sha256", so a loader can name the one field edited by hand."""
+    import hashlib
+    import json
+
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
+            for k, v in facts(meta).items()}
+
+
+def stamp_facts(meta: dict) -> dict:
+    """meta with its facts_sha256 (re)computed; a writer calls it last."""
+    return {**{k: v for k, v in meta.items() if k != FACTS}, FACTS: facts_sha256(meta)}
+
+
+def check_facts(meta: dict, where) -> None:
+    """ConfigError naming the first field of meta.json that differs from what its writer
+    hashed (edited, added or removed); created_at and source are free."""
+    want = meta.get(FACTS)
+    if not isinstance(want, dict):
+        raise ConfigError(f"{where}: no {FACTS} (written before meta.json was hashed, or removed): "
+                          "its fields cannot be trusted; re-export the folder")
+    got = facts_sha256(meta)
+    for key in sorted(set(want) | set(got)):
+        if key not in got:
+            raise ConfigError(f"{where}: field {key!r} is missing (it was exported); re-export the folder")
+        if key not in want:
+            raise ConfigError(f"{where}: field {key!r} = {facts(meta)[key]!r} was added by hand (no export "
+                              "writes it); remove it or re-export the folder")
+        if got[key] != want[key]:
+            raise ConfigError(f"{where}: field {key!r} = {facts(meta)[key]!r} was edited (it does not match "
+                              f"its {FACTS}); restore the exported value or re-export the folder")

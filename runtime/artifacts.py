@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
-from prompt.meta import read_meta, scan_checkpoints
+from prompt.meta import check_facts, read_meta, scan_checkpoints
 from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, BackendSpec, load_backend
+from runtime.backends.graphs import check_graphs_meta
 
 MANIFEST_FORMAT = "specdrive-engines-manifest"     # engines/build.py writes it (runtime may not import engines/)
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-llm")     # run the engines manifest.json lists
@@ -123,6 +124,9 @@ def backend_spec(src: ModelSource, max_len: int | None, default_tokenizer=None,
     --backend tensorrt / tensorrt-llm with an engines folder runs the engines its manifest.json
     lists (checked against `max_len` and, when given, the planner's `k_max`).
     """
+    if src.random_init is not None and src.preset is None:
+        raise ConfigError(f"--random-init {src.random_init} seeds the random weights of --preset models; "
+                          "--checkpoint and --engines load trained weights (drop --random-init)")
     spec = BackendSpec(tokenizer=None, max_len=max_len, device=src.device, eager=src.eager, k_max=k_max,
                        threads=src.threads, draft=src.draft, seed=src.random_init)
     name = _engines_spec(src, spec) if src.engines is not None else _models_spec(src, spec, default_tokenizer)
@@ -139,6 +143,8 @@ def _engines_spec(src: ModelSource, spec: BackendSpec) -> str:
                               f"expected kind 'engines' and a backend of {sorted(BACKENDS)}")
         if name != meta.get("backend"):
             raise ConfigError(f"--backend {name} but {src.engines} holds {meta.get('backend')} engines")
+    check_facts(meta, f"{src.engines}/meta.json")      # every host-side fact as exported
+    check_graphs_meta(src.engines, meta)               # ... and whole: versions, graphs, shapes
     spec.engines, spec.meta = Path(src.engines), meta
     spec.manifest = read_manifest(src.engines, name) if name in ENGINE_BACKENDS else None
     spec.tokenizer = load_tokenizer(src.engines)

@@ -222,3 +222,11 @@ def mask_rows(first: int, index0: int, n: int, period: int) -> np.ndarray:
 def check_readout(readout: str) -> None:
     if readout not in READOUTS:
         raise ConfigError(f"readout={readout!r} is not allowed; choose one of {list(READOUTS)}")
+
+
+def expert_noise(seed: int, samples: int, n_waypoints: int, action_dim: int) -> np.ndarray:
+    """(samples, W, A) float32: the action expert's starting noise of a cycle, drawn on the host
+    from its seed by numpy, the same for every backend (torch, onnxruntime, tensorrt), so the
+    same seed gives the same waypoints on each (within float tolerance)."""
+    rng = np.random.default_rng(int(seed))
+    return rng.standard_normal((samples, n_waypoints, action_dim)).astype(np.float32)

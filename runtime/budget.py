@@ -29,7 +29,7 @@ import numpy as np
 from runtime import trace
 from runtime.config import BudgetConfig
 
-MEASURED_STAGES = ("vision", "prefill", "trajectory")
+MEASURED_STAGES = ("prompt", "vision", "prefill", "trajectory")
 
 
 def wall_ms() -> float:
@@ -86,7 +86,7 @@ class CostModel:
         c = self.cfg
         if isinstance(key, tuple) and key[0] == "verify":
             return c.prior_verify_ms + c.prior_verify_per_token_ms * (key[1] - 1)
-        return {"draft": c.prior_draft_step_ms, "vision": c.prior_vision_ms,
+        return {"draft": c.prior_draft_step_ms, "vision": c.prior_vision_ms, "prompt": c.prior_prompt_ms,
                 "prefill": c.prior_prefill_ms, "trajectory": c.prior_trajectory_ms}[key]
 
     def expected(self, key) -> float:
@@ -113,7 +113,7 @@ class CostModel:
         return k * self.expected("draft") + self.expected(("verify", pending + k))
 
     def premise(self, cfg: BudgetConfig) -> dict:
-        """W(vision) + W(prefill) + W(trajectory) + margin against the budget (ms)."""
+        """W(prompt) + W(vision) + W(prefill) + W(trajectory) + margin against the budget (ms)."""
         need = sum(self.worst(s) for s in MEASURED_STAGES) + cfg.margin_ms
         return {"need_ms": round(need, 3), "budget_ms": cfg.budget_ms,
                 "ok": (not cfg.enabled) or need <= cfg.budget_ms,

@@ -56,6 +56,7 @@ class BudgetConfig:
     slow stage ages out in a few cycles instead of locking the reasoning out)."""
     budget_ms: float = 0.0
     margin_ms: float = 5.0
+    prior_prompt_ms: float = 0.0            # the prompt build (tokens, positions) on the host
     worst_case_factor: float = 1.5
     prior_vision_ms: float = 20.0
     prior_prefill_ms: float = 40.0
@@ -67,15 +68,15 @@ class BudgetConfig:
 
     def __post_init__(self):
         check_types(self)
-        for name in ("budget_ms", "margin_ms", "prior_vision_ms", "prior_prefill_ms",
+        for name in ("budget_ms", "margin_ms", "prior_prompt_ms", "prior_vision_ms", "prior_prefill_ms",
                      "prior_draft_step_ms", "prior_verify_ms", "prior_verify_per_token_ms",
                      "prior_trajectory_ms"):
             check_range(f"budget.{name}", getattr(self, name), lo=0.0)
         check_range("budget.worst_case_factor", self.worst_case_factor, lo=1.0)
         check_range("budget.peak_decay", self.peak_decay, lo=0.0, hi=1.0)
-        floor = self.prior_vision_ms + self.prior_prefill_ms + self.margin_ms
+        floor = self.prior_prompt_ms + self.prior_vision_ms + self.prior_prefill_ms + self.margin_ms
         if self.enabled and self.budget_ms < floor:
-            raise ConfigError(f"budget.budget_ms={self.budget_ms} is below vision + prefill + margin "
+            raise ConfigError(f"budget.budget_ms={self.budget_ms} is below prompt + vision + prefill + margin "
                               f"by the profile's priors ({floor:g} ms): every cycle would miss; raise "
                               "the budget (or lower the priors to measured worst cases)")
 
@@ -149,4 +150,4 @@ class PlannerConfig:
 
 def load_planner_config(name_or_path: str | Path) -> PlannerConfig:
     """A profile name (configs/planner/NAME.yaml) or a YAML path -> PlannerConfig."""
-    return load_named(PlannerConfig, name_or_path, PRESET_DIR, "planner profile", "profiles")
+    return load_named(PlannerConfig, name_or_path, PRESET_DIR, "planner profile", "profiles", empty_ok=False)

@@ -10,7 +10,7 @@ import numpy as np
 from prompt.config import ConfigError
 from prompt.layout import build_prompt
 from prompt.positions import mrope_position_ids
-from prompt.trajectory import TrajectoryRangeError, saturate_history, tokens_to_future
+from prompt.trajectory import HIST_POSES, TrajectoryRangeError, saturate_history, tokens_to_future
 from runtime.backend import PrefillInputs
 
 
@@ -40,6 +40,29 @@ def check_setup(backend, tokenizer, cfg) -> None:
     if backend.exact_only and (cfg.spec.decoding != "greedy" or cfg.spec.relax_r):
         raise ConfigError(f"backend {backend.name!r} accepts tokens inside its engine: only "
                           "decoding='greedy' with relax_r=0 (exact acceptance) is available")
+    fixed = getattr(backend, "action_fixed", None)     # (draws, combine) an export fixed in its graph
+    if fixed is not None and cfg.trajectory == "expert" and (cfg.trajectory_samples, cfg.trajectory_combine) != fixed:
+        raise ConfigError(f"trajectory_samples={cfg.trajectory_samples}, trajectory_combine="
+                          f"{cfg.trajectory_combine!r}: backend {backend.name!r} was exported for {fixed[0]} draws "
+                          f"combined by {fixed[1]!r}; set those in the planner profile or re-export with it")
+    check_room(backend, tokenizer, cfg)
+
+
+def check_room(backend, tok, cfg) -> None:
+    """A profile whose prompt + max_reasoning_tokens + the trajectory rows can never fit the
+    backend's cache is refused when the planner is made (else every cycle is an input_error)."""
+    image_shape = (len(cfg.cameras), cfg.frames, *cfg.image_hw, 3)
+    grid, merge = backend.vision_grid(image_shape)
+    n_tokens = [int(t * h * w) // merge**2 for t, h, w in grid]
+    prompt = build_prompt(tok, n_tokens, saturate_history(np.zeros((HIST_POSES, 3)))[0])
+    need = len(prompt.ids) + cfg.max_reasoning_tokens + reserve_rows(cfg, tok)
+    if need > backend.max_len:
+        most = backend.max_len - len(prompt.ids) - reserve_rows(cfg, tok)
+        allowed = (f"max_reasoning_tokens <= {most} (or a larger max_len)" if most >= 1 else
+                   f"max_len >= {need - cfg.max_reasoning_tokens + 1}")
+        raise ConfigError(f"max_reasoning_tokens={cfg.max_reasoning_tokens}: the prompt ({len(prompt.ids)} rows) + "
+                          f"the reasoning + {reserve_rows(cfg, tok)} trajectory rows need {need} cache rows, the "
+                          f"backend has max_len={backend.max_len}: no cycle can ever fit; allowed {allowed}")
 
 
 def cycle_prompt(backend, tok, image_shape, history, res, after_prompt: int) -> PrefillInputs:

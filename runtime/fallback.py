@@ -38,16 +38,17 @@ class Fallback:
     def run_expert(self, *args, lock_timeout: float = -1):
         """backend.action under the expert lock (when the backend cannot overlap two); a lock
         not acquired within lock_timeout s raises TimeoutError."""
-        if self.lock is None:
+        lock = self.lock      # its own: a hung call releases the lock it took, never a replacement
+        if lock is None:
             with span("action"):
                 return self.backend.action(*args, **self.action_options())
-        if not self.lock.acquire(timeout=lock_timeout):
+        if not lock.acquire(timeout=lock_timeout):
             raise TimeoutError(f"the expert is busy (the fallback trajectory) after {lock_timeout:.3f} s")
         try:
             with span("action"):
                 return self.backend.action(*args, **self.action_options())
         finally:
-            self.lock.release()
+            lock.release()
 
     def action_options(self) -> dict:
         c = self.cfg
@@ -103,8 +104,13 @@ class Fallback:
         self.seen = False                       # this cycle read the job's result (or failure)
 
     def end_cycle(self) -> None:
-        """A job the cycle never read: the next cycle drains it before its prefill."""
-        self.pending = self.job if not self.seen else None
+        """A job the cycle never read, or read but still running (it timed out, and may hold
+        the expert lock): the next cycle drains it before its prefill, and replaces its worker
+        and lock when it stays busy. Without this a hung job that held the lock kept every
+        later cycle in a stop (expert_busy), never flagged, never replaced. A drained job's
+        result is never read."""
+        running = self.job is not None and not self.job.done()
+        self.pending = self.job if (not self.seen or running) else None
 
     def available(self) -> bool:
         """A trajectory is there without waiting."""

@@ -20,7 +20,7 @@ from runtime.acceptance import trajectory_range_ids
 from runtime.adaptive import AcceptanceRate, StepPolicy
 from runtime.backend import PrefillInputs
 from runtime.budget import CostModel, CycleBudget, wall_ms
-from runtime.checks import check_history, check_trajectory, comfortable_stop
+from runtime.checks import check_history, check_speed, check_trajectory, comfortable_stop
 from runtime.config import PlannerConfig
 from runtime.cycle import (FUTURE_TOKENS, CycleResult, InputError, check_images, check_setup, cycle_prompt,
                            future_from_tokens, future_mask, reserve_rows)
@@ -48,7 +48,7 @@ class Planner:
     def warmup(self, images, history, cycles: int = 1) -> dict:
         """Run cycles whose timings are then forgotten (first calls: allocation, lazy init, CUDA
         graph capture), then one measured cycle, and check the budget's premise
-        W(vision) + W(prefill) + W(trajectory) + margin <= budget on its timings (returned, and
+        W(prompt) + W(vision) + W(prefill) + W(trajectory) + margin <= budget on its timings (returned, and
         kept in `self.premise`; a cycle that starts with it broken is flagged budget_too_small)."""
         for _ in range(cycles):
             self.plan(images, history, scene="warmup")
@@ -97,6 +97,9 @@ class Planner:
         if problems:
             raise InputError(problems[0])
         v0 = self.tok.conditioning.speed(history)     # the layout's v0 estimator
+        problems = check_speed(v0, self.cfg.checks)
+        if problems:
+            raise InputError(problems[0])
         self.last_v0 = v0
         return check_images(images, self.cfg), v0
 
@@ -118,7 +121,8 @@ class _Cycle:
 
     def run(self, images, history) -> None:
         try:
-            inputs = self._prompt(images, history)
+            with self.budget.stage("prompt"):     # host work: ~37 ms a cycle counted by no stage before
+                inputs = self._prompt(images, history)
             with self.budget.stage("vision"):
                 self.be.vision(images)
             state = self._prefill(inputs)

@@ -1,6 +1,7 @@
 """The latency budget with an injected clock: the table backend moves a FakeClock by a simulated
 cost per call, so every decision is exact. Reasoning is cut exactly when the next step would
 not leave room for the trajectory, every cycle delivers a trajectory, misses are flagged."""
+import pytest
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -155,3 +156,33 @@ def test_steps_over_their_worst_case_give_flagged_misses_never_silent():
             assert ("miss" in res.flags) == (res.timing["total_ms"] > 100.0)
             misses += "miss" in res.flags
     assert misses > 0
+
+
+def test_the_prompt_build_is_a_stage_the_budget_counts():
+    """Issue 23.11: ~37 ms of a cycle (the prompt build) fell in no stage and no worst case. Here
+    the prompt build takes 37 ms on the fake clock: it is the stage "prompt", nothing is left
+    unaccounted, and the budget's premise counts its worst case."""
+    tok = Tokenizer.build("ego is cruising at 12 m/s , so keep speed the lead brakes slow down".split())
+    clock = FakeClock()
+
+    class SlowPrompt(TableBackend):
+        building = False
+
+        def vision_grid(self, image_shape):       # called by the prompt build of every cycle
+            if self.building:
+                clock.advance(37.0)
+            return super().vision_grid(image_shape)
+
+    be = SlowPrompt(len(tok), draft_noise=0.3, stop_id=tok.cot_end, stop_slope=0.3, clock=clock,
+                    costs={"vision": 10.0, "prefill": 20.0, "draft": 1.0, "verify": 4.0, "action": 15.0})
+    budget = BudgetConfig(budget_ms=200.0, worst_case_factor=1.0, prior_vision_ms=10, prior_prefill_ms=20,
+                          prior_trajectory_ms=15)
+    p = Planner(be, tok, PlannerConfig(budget=budget, fallback="inline"), clock=clock)
+    be.building = True
+    t = np.arange(-15, 1) * 0.1
+    images = np.random.default_rng(0).integers(0, 256, (4, 2, 64, 96, 3), dtype=np.uint8)
+    res = p.plan(images, np.stack([8 * t, 0 * t, 0 * t], 1))
+    assert res.timing["stages_ms"]["prompt"] == pytest.approx(37.0)
+    assert res.timing["unaccounted_ms"] == pytest.approx(0.0, abs=1e-6)
+    premise = p.costs.premise(budget)
+    assert premise["prompt_worst_ms"] == pytest.approx(37.0) and premise["need_ms"] == pytest.approx(37 + 10 + 20 + 15 + 5)

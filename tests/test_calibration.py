@@ -316,3 +316,66 @@ def test_cache_inputs_are_the_kv_graphs(calibrated):
     with_cache = {g for g, e in fp32["graphs"].items() if any(i["name"] in CACHE_INPUTS for i in e["inputs"])}
     assert with_cache == {"step", "draft_feed", "draft_chain"} & set(fp32["graphs"])
     assert Path(folder / "calibration" / "index.json").is_file()
+
+
+# --- issue 23.8: a tampered calibration set is refused, never a traceback ---------------------------
+
+def small_set(folder):
+    from calibration.record import CalibrationSet
+    calib = CalibrationSet({"step": [{"ids": np.arange(3)[None]}, {"ids": np.arange(4)[None]}],
+                            "vision": [{"patches": np.ones((2, 3), np.float32)}]}, ["train-0-0", "train-0-1"], 64)
+    return calib.save(folder)
+
+
+def rehash(index):
+    from calibration.record import digest
+    index["sha256"] = digest(index["graphs"], index["scenes"], index["max_len"])
+
+
+def _not_safetensors(c, index):
+    (c / "step.safetensors").write_bytes(b"these bytes are no safetensors file")
+    index["graphs"]["step"]["sha256"] = file_sha256(c / "step.safetensors")
+    rehash(index)
+
+
+TAMPER = {   # name -> (change(folder, index) -> None, or text replacing index.json), words
+    "invalid JSON": ("{not json", "is not valid JSON"),
+    "a list index": ("[1, 2]", "expected a 'specdrive-calibration' table"),
+    "no graphs": (lambda c, i: (i.pop("graphs"), i.update(sha256="x")), "'graphs' must map"),
+    "samples 1": (lambda c, i: i["graphs"]["step"].update(samples=1), "its sha256 does not match"),
+    "samples 1, rehashed": (lambda c, i: (i["graphs"]["step"].update(samples=1), rehash(i)),
+                            "is not sample NNNN.input of 1 samples"),
+    "samples -1, rehashed": (lambda c, i: (i["graphs"]["step"].update(samples=-1), rehash(i)), "-1 samples"),
+    "max_len": (lambda c, i: i.update(max_len=4096), "its sha256 does not match"),
+    "scenes": (lambda c, i: i["scenes"].append("test-0-0"), "its sha256 does not match"),
+    "not safetensors": (_not_safetensors, "not a safetensors file"),
+    "file outside": (lambda c, i: (i["graphs"]["step"].update(file="../step.safetensors"), rehash(i)),
+                     "outside the set"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(TAMPER))
+def test_a_tampered_calibration_set_is_refused(tmp_path, how):
+    c = tmp_path / "calibration"
+    index = small_set(c)
+    assert load(c).graphs["step"][1]["ids"].shape == (1, 4)            # the intact set loads
+    shutil.copy(c / "step.safetensors", tmp_path / "step.safetensors")  # for "file outside"
+    change, word = TAMPER[how]
+    if isinstance(change, str):
+        (c / "index.json").write_text(change)
+    else:
+        change(c, index)
+        (c / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=word.replace("(", r"\(")):
+        load(c)
+
+
+def test_calibrate_report_on_a_tampered_set_exits_2(tiny_onnx, tmp_path, capsys):
+    e = tmp_path / "e"
+    shutil.copytree(tiny_onnx, e)
+    small_set(e / "calibration")
+    (e / "calibration" / "index.json").write_text("[]")
+    with pytest.raises(SystemExit) as done:
+        cli.main(["calibrate", "report", "--engines", str(e), "--scenes", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1 and "calibration-" not in err[0] and "index.json" in err[0], err

@@ -131,3 +131,64 @@ def test_out_pointing_at_a_file_exits_2(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     code = plan("--preset", "tiny", "--random-init", "0", "--out", str(tmp_path / "f"))
     assert code == 2 and "is a file" in capsys.readouterr().err
+
+
+# --- issue 23.9 / 23.10: tracebacks and silent acceptances of the other commands ---------------------
+
+def exit_of(argv, capsys) -> tuple[int, list[str]]:
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "garbage.jsonl").write_bytes(b"garbage\n\x00\xff\xfe binary\n{\"cycle\": 1, \"timi")
+    (tmp_path / "empty.yaml").write_text("# nothing here\n")
+    (tmp_path / "twice.yaml").write_text("max_len: 512\nmax_len: 1024\n")
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    return tmp_path
+
+
+PLAN = ["plan", "--checkpoint", str(SHIPPED), "--scenes", "1", "--quiet"]
+CASES = {   # name -> (argv with {t} for the temporary folder, words of the one line)
+    "timeline garbage": (["timeline", "{t}/garbage.jsonl", "--out", "{t}/pics"], "no cycle records"),
+    "timeline missing": (["timeline", "{t}/nope.jsonl"], "does not exist"),
+    "timeline folder": (["timeline", "{t}"], "is not a file"),
+    "timeline --out FILE": (["timeline", "{t}/garbage.jsonl", "--out", "{t}/afile"], "is a file"),
+    "roofline nan": (["roofline", "--budget-ms", "nan"], "allowed a finite number >= 0"),
+    "roofline --validate bad": (["roofline", "--validate", "{t}/bad.json"], "is not valid JSON"),
+    "roofline --validate list": (["roofline", "--validate", "{t}/list.json"], "not the stats.json"),
+    "roofline --json DIR": (["roofline", "--json", "{t}"], "is a folder"),
+    "profile --threads -1": (["profile", "--checkpoint", str(SHIPPED), "--threads", "-1", "--out", "{t}/p"],
+                             "allowed >= 1"),
+    "profile --out FILE": (["profile", "--checkpoint", str(SHIPPED), "--out", "{t}/afile"], "is a file"),
+    "engines build --out FILE": (["engines", "build", "--profile", "orin-fp16", "--out", "{t}/afile"], "is a file"),
+    "plan --backend table": (PLAN + ["--backend", "table", "--out", "{t}/o"], "invalid choice: 'table'"),
+    "plan --warmup -1": (PLAN + ["--warmup", "-1", "--out", "{t}/o"], "allowed >= 0"),
+    "plan --pictures -1": (PLAN + ["--pictures", "-1", "--out", "{t}/o"], "allowed >= 0"),
+    "plan --random-init": (PLAN + ["--random-init", "3", "--out", "{t}/o"], "drop --random-init"),
+    "plan empty profile": (PLAN + ["--profile", "{t}/empty.yaml", "--out", "{t}/o"], "the file is empty"),
+    "plan duplicate key": (PLAN + ["--profile", "{t}/twice.yaml", "--out", "{t}/o"], "key 'max_len' is given twice"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_arguments_and_files_exit_2_with_one_line(case, files, capsys):
+    argv, word = CASES[case]
+    code, err = exit_of([a.replace("{t}", str(files)) for a in argv], capsys)
+    assert code == 2 and word in err[-1] and not any("Traceback" in e for e in err), (code, err)
+
+
+def test_timeline_skips_bad_lines_with_a_count(tmp_path):
+    from bench.timeline import load_cycles
+    good = json.dumps({"cycle": 1, "timing": {"stages_ms": {"vision": 1.0}}})
+    f = tmp_path / "cycles.jsonl"
+    f.write_bytes(b"\x00\xff binary\n" + good.encode() + b"\n[1]\n{\"cycle\": 2, \"tim")
+    said = []
+    assert load_cycles(f, warn=said.append) == [json.loads(good)]
+    assert said == [f"{f}: skipped 3 lines that are not cycle records (first: line 1)"]

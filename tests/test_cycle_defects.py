@@ -258,7 +258,7 @@ def test_a_reversing_ego_gets_a_trajectory_that_passes_the_checks(speed):
     ("spec: {k: 2.5}", "must be an integer"),
     ("budget: null", "expected a mapping"),
     ("spec: null", "expected a mapping"),
-    ("budget: {budget_ms: 20.0}", "below vision + prefill + margin"),
+    ("budget: {budget_ms: 20.0}", "below prompt + vision + prefill + margin"),
     ("checks: {max_history_speed: 60.0}", "must not exceed checks.max_speed"),
     ("trajectory_samples: true", "must be an integer"),
 ])
@@ -267,3 +267,50 @@ def test_config_values_that_were_misread_are_refused(tmp_path, yaml_text, word):
     path.write_text(yaml_text + "\n")
     with pytest.raises(ConfigError, match=word.replace("(", r"\(").replace("+", r"\+")):
         load_planner_config(path)
+
+
+class HangsOnce(Gated):
+    """concurrent_action False (one expert lock): the first worker call hangs on the gate while
+    holding the lock; later worker calls run at once."""
+    concurrent_action = False
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.worker_calls = 0
+
+    def action(self, *args, **options):
+        if threading.current_thread() is not threading.main_thread():
+            self.worker_calls += 1
+            if self.worker_calls == 1:
+                self.inside += 1
+                try:
+                    self.gate.wait(SAFETY_S)
+                finally:
+                    self.inside -= 1
+        return TableBackend.action(self, *args, **options)
+
+
+def test_one_hung_fallback_does_not_hold_the_planner_in_stops():
+    """Issue 23.4 (fake clock, one expert lock, the worker fallback): before, the hung first
+    fallback kept the lock and every later cycle was a stop with expert_busy, never flagged
+    fallback_stuck, the worker never replaced. Now the next cycle abandons and replaces the
+    worker and the lock, and the reasoning resumes; the hung call, once it ends, releases only
+    its own lock and its result is never read."""
+    be = HangsOnce(len(TOK), draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
+    budget = BudgetConfig(budget_ms=400.0, margin_ms=5.0, prior_vision_ms=50, prior_prefill_ms=50,
+                          prior_trajectory_ms=25)
+    p = Planner(be, TOK, PlannerConfig(budget=budget, fallback="worker"), clock=FakeClock())
+    first = p.plan(IMAGES, history(8))
+    hung = p.fallback.job
+    assert "expert_busy" in first.flags and first.source == "stop" and hung is not None
+    results = [p.plan(IMAGES, history(8)) for _ in range(5)]
+    assert "fallback_stuck" in results[0].flags, results[0].flags
+    for r in results:
+        assert r.source == "reasoning" and "expert_busy" not in r.flags, (r.source, r.flags, r.error)
+    assert sum("fallback_stuck" in r.flags for r in results) == 1
+    be.gate.set()
+    assert hung.exception(timeout=SAFETY_S) is None          # it released its own lock, no other
+    later = [p.plan(IMAGES, history(8)) for _ in range(3)]
+    assert all(r.source == "reasoning" and not r.flags for r in later), [r.flags for r in later]
+    assert p.fallback.job is not hung and p.fallback.pending is not hung
+    p.close()

@@ -18,7 +18,9 @@ from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig
 from runtime.planner import Planner
 from scenes.world import make_scene
-from tests.folders import copy_of
+from tests.folders import copy_of, edit_meta
+from prompt.config import file_sha256
+from prompt.meta import stamp_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "tiny"
@@ -204,7 +206,7 @@ def test_a_mismatched_engines_folder_is_refused(engines, tmp_path, how, word):
         tok = json.loads((e / "tokenizer.json").read_text())
         tok["words"][3], tok["words"][4] = tok["words"][4], tok["words"][3]
         (e / "tokenizer.json").write_text(json.dumps(tok))
-    (e / "meta.json").write_text(json.dumps(meta))
+    (e / "meta.json").write_text(json.dumps(stamp_facts(meta)))   # edits that pass the facts hash
     with pytest.raises(ConfigError, match=word.replace("(", r"\(")):
         open_backend(ModelSource(engines=e), 512)
 
@@ -215,3 +217,92 @@ def test_max_len_and_image_shape_must_match_the_export(engines):
     be, _ = open_backend(ModelSource(engines=engines), 512)
     with pytest.raises(ConfigError, match="exported for"):
         be.vision_grid((4, 2, 32, 96, 3))
+
+
+def _plan_exit(engines, tmp_path, capsys):
+    """`specdrive plan --engines DIR` on one scene -> (exit status, stderr lines)."""
+    from tools.cli import main
+    try:
+        code = main(["plan", "--engines", str(engines), "--scenes", "1", "--out", str(tmp_path / "o"),
+                     "--quiet", "--pictures", "0"])
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_an_edited_meta_value_exits_2_naming_the_field(engines, tmp_path, capsys):
+    """Issue 23.2: rope_theta 5e6 -> 1e4 in meta.json ran with other reasoning and ok: true."""
+    e = copy_of(engines, tmp_path)
+    edit_meta(e, lambda m: m["target"].update(rope_theta=1e4), restamp=False)
+    code, err = _plan_exit(e, tmp_path, capsys)
+    assert code == 2 and len(err) == 1 and "'target.rope_theta' = 10000.0 was edited" in err[0], err
+
+
+def test_harmless_meta_edits_are_accepted(engines, tmp_path):
+    """created_at, source and the JSON layout are not facts the runtime acts on."""
+    e = copy_of(engines, tmp_path)
+    meta = json.loads((e / "meta.json").read_text())
+    meta["created_at"], meta["source"] = "yesterday", {"checkpoint": "/elsewhere"}
+    (e / "meta.json").write_text(json.dumps(meta, indent=None))
+    open_backend(ModelSource(engines=e), 512)
+
+
+def _swap_feed_for_chain(e):
+    def change(m):
+        m["graphs"]["draft_feed"]["file"] = "draft_chain.onnx"
+        m["graphs"]["draft_feed"]["sha256"] = file_sha256(e / "draft_chain.onnx")
+    return change
+
+
+DAMAGES = {     # name -> (change(meta) or a function of the folder giving it, words of the refusal)
+    "graph entry missing": (lambda m: m["graphs"].pop("step"), "missing ['step']"),
+    "no graphs key": (lambda m: m.pop("graphs"), "no 'graphs' table"),
+    "input shape": (lambda m: m["graphs"]["step"]["inputs"][3]["shape"].__setitem__(4, 1024),
+                    "declares tensor(float) [12, 2, 1, 2, 1024, 32]"),
+    "input dtype": (lambda m: m["graphs"]["step"]["inputs"][0].update(dtype="int32"), "declares tensor(int32)"),
+    "opset 17": (lambda m: m.update(opset=17), "opset 17; this runtime reads opset 18"),
+    "opset eighteen": (lambda m: m.update(opset="eighteen"), "opset 'eighteen'"),
+    "format_version 2": (lambda m: m.update(format_version=2), "format_version 2; this runtime reads"),
+    "precision int8": (lambda m: m.update(precision={"*": "int8"}), "precision of graph"),
+    "draft_feed swapped": (lambda e: _swap_feed_for_chain(e), "'feats' is tensor(float) [1, 'T', 128] in the graph"),
+    "image_hw": (lambda m: m["prompt"].update(image_hw=[64, 64]), "exported for another image size"),
+    "draft_features": (lambda m: m.update(draft_features="none"), "unknown ['draft_chain']"),
+    "file ../": (lambda e: _outside(e, lambda f: "../" + f.name), "is outside the folder"),
+    "file absolute": (lambda e: _outside(e, lambda f: str(f)), "is outside the folder"),
+}
+NEEDS_FOLDER = ("draft_feed swapped", "file ../", "file absolute")
+
+
+def _outside(e, name):
+    """vision.onnx copied beside the folder (same bytes, same hash) and meta.json pointing there."""
+    out = e.parent / "vision.onnx"
+    out.write_bytes((e / "vision.onnx").read_bytes())
+    return lambda m: m["graphs"]["vision"].update(file=name(out))
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+@pytest.mark.parametrize("restamp", [False, True])
+def test_an_engines_folder_is_checked_whole_when_it_opens(engines, tmp_path, damage, restamp):
+    """Issue 23.5: each of these was accepted, or loaded and failed in every cycle, or gave a
+    traceback. Now one ConfigError line: by the facts hash when the edit left it, else (the hash
+    rewritten too) by the checks of meta.json against the graphs and itself."""
+    e = copy_of(engines, tmp_path)
+    change, word = DAMAGES[damage]
+    if damage in NEEDS_FOLDER:
+        change = change(e)
+    edit_meta(e, change, restamp)
+    with pytest.raises(ConfigError) as err:
+        open_backend(ModelSource(engines=e), 512)
+    msg = str(err.value)
+    assert "\n" not in msg and (word in msg if restamp else "facts_sha256" in msg or "is missing" in msg), msg
+
+
+@pytest.mark.parametrize("change,word", [({"trajectory_samples": 4}, "trajectory_samples=4"),
+                                         ({"trajectory_combine": "medoid"}, "trajectory_combine='medoid'")])
+def test_a_profile_whose_expert_draws_differ_from_the_export_is_refused(engines, change, word):
+    """Issue 23.6: only max_len was checked; other draws or another combine ran and every cycle
+    ended in a stop. Now the planner is refused when made, naming the field and the export's."""
+    be, tok = open_backend(ModelSource(engines=engines), 512)
+    cfg = dict(fallback="on_failure", euler_steps=2, trajectory_samples=8, max_len=512)
+    with pytest.raises(ConfigError, match=word + ".*exported for 8 draws combined by 'mean'"):
+        Planner(be, tok, PlannerConfig(**{**cfg, **change}))

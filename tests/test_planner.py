@@ -74,8 +74,18 @@ def test_bad_history_gives_an_error_and_uses_the_last_known_speed():
     assert_delivered(res, "stop")                                        # from the last cycle's speed
 
 
-def test_over_long_prompt_is_refused():
-    p, _ = make(max_len=256)
+@pytest.mark.parametrize("max_len,reasoning", [(64, 64), (256, 64), (1024, 2000)])
+def test_a_profile_that_can_never_fit_the_cache_is_refused(max_len, reasoning):
+    """Issue 23.7: max_len 64 (or any cache below the prompt), or max_reasoning_tokens larger
+    than the cache, were accepted and every cycle was an input_error; now refused when made."""
+    with pytest.raises(ConfigError, match=r"no cycle can ever fit; allowed max_(reasoning_tokens <=|len >=) \d+"):
+        make(max_len=max_len, max_reasoning_tokens=reasoning)
+
+
+def test_an_over_long_prompt_is_an_input_error():
+    """The per-cycle check behind it stays: a cache that shrank after the planner was made."""
+    p, be = make(max_len=300, max_reasoning_tokens=1)
+    be.max_len = 200
     res = p.plan(IMAGES, HISTORY)
     assert "cache rows" in res.error and "input_error" in res.flags
     assert_delivered(res, "stop")
@@ -171,4 +181,32 @@ def test_even_a_planner_fault_returns_a_result(monkeypatch):
     monkeypatch.setattr(runtime.planner, "check_images", broken)
     res = p.plan(IMAGES, HISTORY)
     assert "planner fault" in res.error and "planner_error" in res.flags
+    assert_delivered(res, "stop")
+
+
+def test_a_history_whose_v0_exceeds_the_limit_is_refused_and_the_stop_passes():
+    """Issue 23.1: every step under 45 m/s (the last one 40 m/s after 5 m/s), yet the layout's
+    v0 estimate is 57.5 m/s; a stop from that speed fails the checks. Now the history is an
+    input_error and the stop comes from the last known speed, passing the checks."""
+    p, _ = make()
+    assert p.plan(IMAGES, HISTORY).ok
+    sharp = np.stack([5 * T, 0 * T, 0 * T], 1)
+    sharp[:-1, 0] -= 3.5                                   # the last step moves 4 m in 0.1 s
+    res = p.plan(IMAGES, sharp)
+    assert "input_error" in res.flags and "v0 = 57.5 m/s" in res.error and "45.0" in res.error
+    assert_delivered(res, "stop")                          # from the last cycle's 8 m/s
+    assert p.last_v0 == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("bad", [
+    np.full((16, 3), "1.0"), np.zeros((16, 3), bool), np.zeros((16, 3), complex),
+    [[0.0, 0.0, 0.0]] * 15 + [[0.0, 0.0]],
+])
+def test_a_history_that_is_not_real_numbers_is_an_input_error(bad):
+    """Issue 23.10: strings and ragged lists were planner_error, bools and complex accepted."""
+    p, _ = make()
+    assert p.plan(IMAGES, HISTORY).ok
+    res = p.plan(IMAGES, bad)
+    assert "input_error" in res.flags and "planner_error" not in res.flags, (res.flags, res.error)
+    assert "ego history" in res.error
     assert_delivered(res, "stop")

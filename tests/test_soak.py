@@ -97,3 +97,56 @@ def test_soak_3000_cycles():
     for i in slow_cycles[:-1]:        # reasoning back within 6 cycles of every slow trajectory
         if i + 7 < 3000:
             assert max(steps[i + 1:i + 7]) > 0, (i, steps[i:i + 8])
+
+
+class FaultyEngine:
+    """A real backend with seeded faults: each of its calls raises with probability p_fail (the
+    onnxruntime backend's own logic and graphs run otherwise)."""
+
+    def __init__(self, backend, rng, p_fail=0.03):
+        self.backend, self.rng, self.p_fail, self.injected = backend, rng, p_fail, []
+
+    def __getattr__(self, name):
+        value = getattr(self.backend, name)
+        if name not in OPS:
+            return value
+
+        def call(*a, **k):
+            if self.rng.random() < self.p_fail:
+                self.injected.append(name)
+                raise RuntimeError(f"injected {name} fault")
+            return value(*a, **k)
+        return call
+
+
+def test_soak_short_on_the_onnxruntime_backend(tiny_onnx):
+    """The soak's short form on the graphs of the shipped checkpoint (issue 23): faults in every
+    stage and corrupt frames on the real clock; nothing escapes plan(), over-budget cycles carry
+    `miss`, every line is strict JSON, every trajectory whose speed is known passed the checks."""
+    from runtime.artifacts import ModelSource, open_backend
+    from scenes.world import make_scene
+
+    rng = np.random.default_rng(1)
+    be, tok = open_backend(ModelSource(engines=tiny_onnx), 512)
+    faulty = FaultyEngine(be, rng)
+    budget = BudgetConfig(budget_ms=20_000.0, prior_vision_ms=2_000, prior_prefill_ms=4_000,
+                          prior_trajectory_ms=4_000)
+    cfg = PlannerConfig(spec=SpecConfig(k=4, adaptive=True), budget=budget, fallback="on_failure",
+                        euler_steps=2, trajectory_samples=8, max_len=512)
+    p = Planner(faulty, tok, cfg)
+    records = []
+    for i in range(40):
+        s = make_scene(500 + i, split="test")
+        images, history = np.asarray(s.images), np.asarray(s.history, np.float64)
+        if rng.random() < 0.15:                                  # a corrupt frame
+            history = history.copy()
+            history[3, 1] = np.nan
+        res = p.plan(images, history, scene=f"s{i}")             # must never raise
+        records.append(json.loads(json.dumps(res.to_json(), allow_nan=False)))
+        assert (res.timing["total_ms"] > budget.budget_ms) == ("miss" in res.flags), (i, res.flags)
+        if np.isfinite(history).all() and res.source != "none":
+            v0 = tok.conditioning.speed(history) if "input_error" not in res.flags else p.last_v0
+            assert check_trajectory(res.trajectory, v0, CheckConfig()) == [], (i, res.flags, res.error)
+    assert len(set(faulty.injected)) >= 2, faulty.injected
+    assert any(r["error"] for r in records) and sum(r["source"] == "reasoning" for r in records) > 15
+    p.close()

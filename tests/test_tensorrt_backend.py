@@ -18,6 +18,7 @@ import pytest
 from engines import build as eb
 from engines.profile import Shapes, load_profile
 from prompt.config import ConfigError, file_sha256
+from prompt.meta import stamp_facts
 from prompt.tokenizer import load_tokenizer
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
@@ -311,7 +312,7 @@ def test_a_mismatched_manifest_is_refused(engines, tmp_path, monkeypatch, how, w
     elif how == "precision":
         meta = json.loads((e / "meta.json").read_text())
         meta["graphs"]["step"]["precision"] = "int8"
-        (e / "meta.json").write_text(json.dumps(meta))
+        (e / "meta.json").write_text(json.dumps(stamp_facts(meta)))     # past the facts hash
         m["onnx_meta_sha256"] = file_sha256(e / "meta.json")
     elif how == "range":
         m["tensorrt_range"] = ["8.6", "10.3"]
@@ -389,3 +390,28 @@ def test_real_engines_speculative_equals_plain(tmp_path):
         ref = plain.plan(s.images, s.history)
         for p in others:
             assert p.plan(s.images, s.history).reasoning_ids == ref.reasoning_ids, i
+
+
+def test_the_same_seed_gives_the_same_waypoints_on_every_backend(engines, doubles):
+    """Issue 23.3: the expert's noise was drawn by torch on the torch backend and by numpy on
+    the graph backends, so the same seed gave trajectories up to 3.5 m apart. Now it is drawn
+    once on the host (runtime.backend.expert_noise): torch, onnxruntime and the TensorRT double
+    deliver the same reasoning and the same waypoints within float tolerance."""
+    cfg = dict(spec=SpecConfig(k=4, adaptive=False))
+    torch_be, tok = open_backend(ModelSource(checkpoint=SHIPPED), 512)
+    ref = Planner(torch_be, tok, PlannerConfig(fallback="on_failure", euler_steps=2, trajectory_samples=8,
+                                               max_len=512, **cfg))
+    others = {"onnxruntime": planner(engines, backend="onnxruntime", **cfg)[0],
+              "tensorrt": planner(engines, **cfg)[0]}
+    worst = 0.0
+    for i in range(4):
+        s = make_scene(300 + i, split="test")
+        want = ref.plan(s.images, s.history)
+        assert want.source == "reasoning", (want.flags, want.error)
+        for name, p in others.items():
+            got = p.plan(s.images, s.history)
+            assert got.reasoning_ids == want.reasoning_ids, (name, i)
+            diff = float(np.abs(got.trajectory - want.trajectory).max())
+            worst = max(worst, diff)
+            assert diff < 2e-3, (name, i, diff)
+    print(f"largest waypoint difference across backends: {worst:.2e} m")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tools.argtypes import out_folder
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("engines", help="TensorRT engines for an engine profile",
@@ -18,7 +20,7 @@ def add_parser(subparsers) -> None:
     b = sub.add_parser("build", help="export -> calibrate -> build (exit 3 where TensorRT is missing)")
     b.add_argument("--profile", required=True, help="engine profile (configs/engines/NAME.yaml)")
     b.add_argument("--checkpoint", type=Path, default=Path("checkpoints/tiny"), help="trained planner folder")
-    b.add_argument("--out", type=Path, default=None, help="output folder (default: engines/build/PROFILE)")
+    b.add_argument("--out", type=out_folder, default=None, help="output folder (default: engines/build/PROFILE)")
     b.set_defaults(run=run)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench import plan_run
 from bench.sources import add_source_args
+from tools.argtypes import count, finite_ms, out_folder
 from runtime.config import DECODING, TRAJECTORY_SOURCES
 
 
@@ -24,23 +25,23 @@ def add_parser(subparsers) -> None:
     p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm"])
     p.add_argument("--profile", default=None, help="planner profile configs/planner/NAME.yaml or a YAML path "
                    "(default: the one an --engines folder's manifest.json names, else cpu)")
-    p.add_argument("--budget-ms", type=float, help="latency budget per cycle (0 = off); default from the profile")
+    p.add_argument("--budget-ms", type=finite_ms, help="latency budget per cycle (0 = off); default from the profile")
     p.add_argument("--k", type=int, help="fixed draft length (turns adaptive k off; 0 = plain decoding)")
     p.add_argument("--decoding", choices=DECODING)
     p.add_argument("--trajectory", choices=TRAJECTORY_SOURCES)
     p.add_argument("--max-reasoning", type=int, help="reasoning tokens per cycle at most")
     data = p.add_mutually_exclusive_group()
-    data.add_argument("--scenes", type=int, default=None, help="N synthetic scenes (default 8)")
+    data.add_argument("--scenes", type=count(0), default=None, help="N synthetic scenes (default 8)")
     data.add_argument("--data", type=Path, help="dataset folder of scenes shards")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
     p.add_argument("--split", default="test", help="split of the synthetic scenes or the dataset")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA, tensorrt backend)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads of torch or onnxruntime (default 1: "
+    p.add_argument("--threads", type=count(0), default=1, help="CPU threads of torch or onnxruntime (default 1: "
                    "steady on a shared CPU, see bench/threads.py; 0 = the library's default)")
-    p.add_argument("--warmup", type=int, default=1, help="unlogged warm-up cycles on the first scene "
+    p.add_argument("--warmup", type=count(0), default=1, help="unlogged warm-up cycles on the first scene "
                    "(first-call costs are not what the budget plans for)")
-    p.add_argument("--pictures", type=int, default=8, help="bird's-eye SVGs for the first N cycles")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--pictures", type=count(0), default=8, help="bird's-eye SVGs for the first N cycles")
+    p.add_argument("--out", type=out_folder, required=True)
     p.add_argument("--quiet", action="store_true", help="no live table")
     p.set_defaults(run=plan_run.run)

@@ -8,10 +8,10 @@ What it measures and writes: bench/roofline.py (the library this command calls).
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from bench import roofline
 from bench.projection import PRECISIONS
+from tools.argtypes import count, finite_ms, input_file, out_file
 
 
 def add_parser(subparsers) -> None:
@@ -23,15 +23,15 @@ def add_parser(subparsers) -> None:
                    help="weights/arithmetic (default: int8 on devices, fp32 on cpu)")
     p.add_argument("--profile", default=None, help="planner profile for budget, k, draws, Euler steps "
                    "(default: orin on Orin devices, thor on Thor, cpu on cpu)")
-    p.add_argument("--budget-ms", type=float, help="cycle budget (default: the profile's)")
+    p.add_argument("--budget-ms", type=finite_ms, help="cycle budget (default: the profile's)")
     p.add_argument("--k", type=int, help="draft length (default: the profile's k)")
     p.add_argument("--tau", type=float, default=3.0, help="tokens per verify pass (default 3.0, assumed)")
     p.add_argument("--reasoning-tokens", type=int, help="CoC tokens (default: devices.yaml workload, else 40)")
     p.add_argument("--samples", type=int, help="expert draws (default: the profile's)")
     p.add_argument("--euler-steps", type=int, help="Euler steps (default: the profile's, else the preset's)")
     p.add_argument("--encoded-images", type=int, help="images the ViT encodes per cycle (reuse)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the cpu microbenchmark")
+    p.add_argument("--threads", type=count(1), default=1, help="torch threads of the cpu microbenchmark")
     p.add_argument("--memory", action="store_true", help="add the memory report")
-    p.add_argument("--validate", type=Path, help="a `specdrive profile` stats.json: measured / projected")
-    p.add_argument("--json", type=Path, help="write the result here")
+    p.add_argument("--validate", type=input_file, help="a `specdrive profile` stats.json: measured / projected")
+    p.add_argument("--json", type=out_file, help="write the result here")
     p.set_defaults(run=roofline.run)

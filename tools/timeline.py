@@ -6,14 +6,14 @@ What it measures and writes: bench/timeline.py (the library this command calls).
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from bench import timeline
+from tools.argtypes import input_file, out_folder
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("timeline", help="pictures of a run's cycles.jsonl (timeline, stages, accepted)",
                               description=__doc__.splitlines()[0])
-    p.add_argument("cycles", type=Path, help="cycles.jsonl of `specdrive plan` or `specdrive profile`")
-    p.add_argument("--out", type=Path, help="folder of the pictures (default: beside the file)")
+    p.add_argument("cycles", type=input_file, help="cycles.jsonl of `specdrive plan` or `specdrive profile`")
+    p.add_argument("--out", type=out_folder, help="folder of the pictures (default: beside the file)")
     p.set_defaults(run=lambda a: print(timeline.draw_all(timeline.load_cycles(a.cycles), a.out or a.cycles.parent)) or 0)

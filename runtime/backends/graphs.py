@@ -16,7 +16,78 @@ import numpy as np
 from prompt.config import ConfigError
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
-from runtime.backend import Backend, mask_rows, periodic_mask
+from runtime.backend import Backend, expert_noise, mask_rows, periodic_mask
+
+FORMAT_VERSION = 1       # export/onnx.py's FORMAT_VERSION and OPSET: what this runtime reads
+OPSET = 18
+GRAPHS = ("vision", "prefill", "step", "draft_prefill", "draft_feed", "action_velocity", "action_output")
+DRAFT_FEATURES = ("fused", "none")     # fused drafts add draft_chain (features: the draft's own hidden)
+
+
+def check_graphs_meta(folder, meta: dict) -> None:
+    """An exported folder's meta.json checked whole before anything loads: version, opset, the
+    graph list the draft needs, every graph file inside the folder, and the declared shapes
+    against the facts they follow from (image size -> patches, draft features -> feature
+    widths). ConfigError naming the field and what is allowed."""
+    from pathlib import Path
+
+    where = f"{folder}/meta.json"
+    for key, want in (("format_version", FORMAT_VERSION), ("opset", OPSET)):
+        got = meta.get(key)
+        if type(got) is not int or got != want:
+            raise ConfigError(f"{where}: {key} {got!r}; this runtime reads {key} {want} (re-export the folder)")
+    graphs = meta.get("graphs")
+    if not isinstance(graphs, dict):
+        raise ConfigError(f"{where}: no 'graphs' table (each graph's file, sha256, inputs and outputs); "
+                          "re-export the folder")
+    features = meta.get("draft_features")
+    if features not in DRAFT_FEATURES:
+        raise ConfigError(f"{where}: draft_features {features!r}; allowed {list(DRAFT_FEATURES)}")
+    want = set(GRAPHS) | ({"draft_chain"} if features == "fused" else set())
+    if set(graphs) != want:
+        raise ConfigError(f"{where}: graphs {sorted(graphs)}; a draft_features={features!r} export has exactly "
+                          f"{sorted(want)} (missing {sorted(want - set(graphs))}, unknown {sorted(set(graphs) - want)})")
+    root = Path(folder).resolve()
+    for name, g in graphs.items():
+        if not isinstance(g, dict) or not all(k in g for k in ("file", "sha256", "inputs", "outputs")):
+            raise ConfigError(f"{where}: graph {name!r} needs 'file', 'sha256', 'inputs' and 'outputs'")
+        file = g["file"]
+        if not isinstance(file, str) or Path(file).is_absolute() or \
+                not (root / file).resolve().is_relative_to(root):
+            raise ConfigError(f"{where}: graph {name!r} file {file!r} is outside the folder; a graph file "
+                              "is a path relative to the folder, inside it")
+    _check_declared_shapes(where, meta, graphs, features)
+
+
+def _dims(graph: dict, name: str, side: str = "inputs") -> list | None:
+    return next((t["shape"] for t in graph[side] if t.get("name") == name), None)
+
+
+def _check_declared_shapes(where: str, meta: dict, graphs: dict, features: str) -> None:
+    p, v, t, d = meta["prompt"], meta["vision"], meta["target"], meta["draft_llm"]
+    images = np.zeros((p["cameras"] * p["frames"], *p["image_hw"], 3), np.uint8)
+    try:
+        patches, grid = images_to_patches(images, v["patch"], v["temporal_patch"], v["merge"])
+    except ValueError as e:
+        raise ConfigError(f"{where}: prompt.image_hw {p['image_hw']}: {e}") from None
+    if np.asarray(grid).tolist() != p["grid_thw"]:
+        raise ConfigError(f"{where}: prompt.image_hw {p['image_hw']} x {p['cameras']} cameras x {p['frames']} "
+                          f"frames gives the patch grid {np.asarray(grid).tolist()[:1]}..., but grid_thw is "
+                          f"{p['grid_thw'][:1]}...: the graphs were exported for another image size")
+    wants = [("vision", "patches", list(patches.shape))]
+    fused = features == "fused"
+    for graph in ("draft_feed", "draft_prefill"):
+        if (_dims(graphs[graph], "feats") is not None) != fused:
+            raise ConfigError(f"{where}: draft_features {features!r} but graph {graph!r} "
+                              f"{'has no' if fused else 'has a'} 'feats' input: the graphs are of another draft")
+    if fused:
+        wants += [("draft_feed", "feats", [1, "T", 3 * t["hidden"]]),
+                  ("draft_chain", "feats", [1, "T", d["hidden"]])]
+    for graph, inp, shape in wants:
+        got = _dims(graphs[graph], inp)
+        if got != shape:
+            raise ConfigError(f"{where}: graph {graph!r} input {inp!r} is declared {got}, but the meta.json facts "
+                              f"give {shape}: declarations that do not fit the graphs")
 
 
 class GraphBackend(Backend):
@@ -32,6 +103,7 @@ class GraphBackend(Backend):
         self.draft_keeps_proposals = not self.fused
         self.feat_dim = 3 * t["hidden"] if self.fused else 1
         self.delta = 0
+        self.action_fixed = (meta["action"]["samples"], meta["action"]["combine"])   # in action_output
 
     # --- vision ---------------------------------------------------------------------------------
     def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
@@ -80,7 +152,7 @@ class GraphBackend(Backend):
                               f"combined by {a['combine']!r}, the planner asks for {samples} by "
                               f"{combine!r}; re-export with that planner profile")
         W, A, S = a["n_waypoints"], a["action_dim"], samples
-        x = np.random.default_rng(seed).standard_normal((S, W, A)).astype(np.float32)
+        x = expert_noise(seed, S, W, A)
         pos = rows + self.delta + np.arange(W)
         cos, sin = rope_tables(np.broadcast_to(pos, (3, S, W)) if t["mrope_section"] else
                                np.broadcast_to(pos, (S, W)), t["head_dim"], t["rope_theta"],

@@ -163,6 +163,7 @@ def check_meta(folder: Path, meta: dict) -> None:
     if meta.get("format") != FORMAT or meta.get("backend") != "onnxruntime":
         raise ConfigError(f"{folder}/meta.json: format {meta.get('format')!r} backend {meta.get('backend')!r}; "
                           f"expected {FORMAT!r} graphs for 'onnxruntime'")
+    check_precision(folder, meta)
     for name, g in meta["graphs"].items():
         file = folder / g["file"]
         if not file.is_file():
@@ -171,6 +172,33 @@ def check_meta(folder: Path, meta: dict) -> None:
         if digest != g["sha256"]:
             raise ConfigError(f"{file}: sha256 {digest[:12]}... does not match meta.json "
                               f"({g['sha256'][:12]}...): the graph was changed or damaged")
+
+
+def check_precision(folder: Path, meta: dict) -> None:
+    """meta.json's "precision" table and each graph's own entry agree, and a graph said to be
+    quantized carries the record calibration wrote (an fp32 graph called int8 is refused)."""
+    table = meta.get("precision")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{folder}/meta.json: precision {table!r}; expected a table {{graph or '*': precision}}")
+    for name, g in meta["graphs"].items():
+        said, own = table.get(name, table.get("*")), g.get("precision", "fp32")
+        if said != own or (own != "fp32") != ("quantization" in g):
+            raise ConfigError(f"{folder}/meta.json: precision of graph {name!r} is {said!r}, but its graph "
+                              f"entry is {own} {'with' if 'quantization' in g else 'without'} a quantization "
+                              "record; only calibration (specdrive calibrate) makes quantized graphs")
+
+
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)",
+             "int32": "tensor(int32)", "int8": "tensor(int8)", "uint8": "tensor(uint8)", "bool": "tensor(bool)"}
+
+
+def io_of(values) -> list:
+    """[(name, shape, type)] of a session's inputs or outputs (dynamic axes by name)."""
+    return [(v.name, list(v.shape), v.type) for v in values]
+
+
+def declared(specs) -> list:
+    return [(t["name"], list(t["shape"]), ORT_TYPES.get(t.get("dtype"), t.get("dtype"))) for t in specs]
 
 
 def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> dict:
@@ -196,6 +224,12 @@ def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> di
         want = ([i["name"] for i in g["inputs"]], [o["name"] for o in g["outputs"]])
         if got != want:
             raise ConfigError(f"{folder / g['file']}: inputs/outputs {got} but meta.json says {want}")
+        for have, says in ((io_of(sess.get_inputs()), declared(g["inputs"])),
+                           (io_of(sess.get_outputs()), declared(g["outputs"]))):
+            for h, w in zip(have, says):
+                if h != w:
+                    raise ConfigError(f"{folder / g['file']}: {h[0]!r} is {h[2]} {h[1]} in the graph but "
+                                      f"meta.json graph {name!r} declares {w[2]} {w[1]}")
         sessions[name] = sess
     return sessions
 

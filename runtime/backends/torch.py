@@ -33,7 +33,7 @@ from models.draft import shift_features
 from models.target import Target
 from prompt.config import ConfigError
 from prompt.pixels import images_to_patches
-from runtime.backend import Backend, BackendSpec, PrefillInputs, check_readout, mask_rows, periodic_mask
+from runtime.backend import Backend, BackendSpec, PrefillInputs, check_readout, expert_noise, mask_rows, periodic_mask
 from runtime.config import K_MAX_LIMIT
 
 DRAFT_KINDS = ("routine", "self", "none")
@@ -158,9 +158,10 @@ class TorchBackend(Backend):
                 ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
                 self.check_rows(start, n)
                 self.target(ids, *self._text_rope(start, n), self.cache, start)
-            g = torch.Generator(self.device).manual_seed(int(seed))
+            ec = self.expert.cfg        # the noise of every backend: numpy, on the host
+            noise = torch.from_numpy(expert_noise(seed, samples, ec.n_waypoints, ec.action_dim)).to(self.device)
             wp, _ = self.expert.sample(self.cache, start + n, torch.tensor([float(v0)], device=self.device),
-                                       steps, rope_delta=self.delta, generator=g, samples=samples,
+                                       steps, rope_delta=self.delta, noise=noise, samples=samples,
                                        combine=combine)
             out = wp[0].float().cpu().numpy()
         return out
