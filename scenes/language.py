@@ -110,13 +110,11 @@ ACTION = {
     "stop": ("stop", "come to a stop", "halt", "brake to a stop"),
     "yield": ("yield to it", "let it cross", "give way", "wait for it to cross"),
     "nudge_left": ("nudge left", "nudge left to pass", "shift left a little", "move over to the left"),
-    "change_lanes_left": (),      # filled below (the decision is named change_lane_left)
     "change_lane_left": ("change lanes left", "move one lane left", "switch to the left lane", "pass in the left lane"),
     "keep_lane": ("keep the lane", "follow the lane", "stay in lane", "keep to the lane"),
     "turn_left": ("turn left", "take the left turn", "make a left turn", "go left"),
     "turn_right": ("turn right", "take the right turn", "make a right turn", "go right"),
 }
-del ACTION["change_lanes_left"]
 HEDGES = ("for now", "to be safe", "as a precaution", "smoothly")
 
 P_WINDOW, P_DISTANCE, P_DETAIL, P_HEDGE = 0.6, 0.5, 0.35, 0.3
