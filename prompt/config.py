@@ -141,9 +141,10 @@ def _unique_loader():
     return Loader
 
 
-def load_yaml(cls, path: str | Path, empty_ok: bool = True):
+def load_yaml(cls, path: str | Path, empty_ok: bool = True, overrides=()):
     """Load `path` (YAML) into the checked dataclass `cls`. A key given twice is refused; an empty
-    file (every default) too unless `empty_ok` (`{}` says every default on purpose)."""
+    file (every default) too unless `empty_ok` (`{}` says every default on purpose). `overrides`:
+    "dotted.key=value" strings (value read as YAML) applied over the file before checking."""
     import yaml  # core dependency; imported here so `import prompt` stays numpy-only
 
     path = Path(path)
@@ -159,7 +160,26 @@ def load_yaml(cls, path: str | Path, empty_ok: bool = True):
     if data is None and not empty_ok:
         raise ConfigError(f"{path}: the file is empty, so every field would be its default (the budget off); "
                           "write the fields, or {} for every default on purpose")
-    return from_dict(cls, data or {}, where=str(path))
+    data = data or {}
+    for item in overrides:
+        _override(data, item, yaml)
+    return from_dict(cls, data, where=str(path) + (f" with {list(overrides)}" if overrides else ""))
+
+
+def _override(data: dict, item: str, yaml) -> None:
+    key, eq, value = item.partition("=")
+    if not eq or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. run.out=runs/x")
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is not a section")
+    try:
+        node[leaf] = yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML: {e}") from None
 
 
 def load_named(cls, name_or_path: str | Path, folder: Path, what: str, whats: str, empty_ok: bool = True):

@@ -76,3 +76,31 @@ def test_the_fixed_scene_score_draws_the_same_rollouts_for_every_draft(tmp_path)
         for p in [*draft.layers.parameters(), *draft.fc.parameters(), *draft.in_proj.parameters()]:
             p.add_(3.0 * torch.randn_like(p))
     assert aarl.score_draft(draft, target, expert, items, tok, acfg) != one   # other rollouts, other scores
+
+
+def test_one_pass_scores_the_action_on_what_one_verify_pass_lets_through(tmp_path):
+    """action_on: one_pass: the expert plans on the accepted run of the rollout plus the target's
+    bonus token, then <|cot_end|>: the text a budget of one exact verify pass lets through."""
+    from train.config import AARLConfig
+
+    tok = build_tokenizer()
+    cfg, target, expert = sft.build_models(micro_preset(tmp_path), tok, seed=0)
+    target.eval()
+    ex, scene = examples(1, tok, cfg.target.vision)[0], scenes(1)[0]
+    first = int(tok.encode("ego")[0])
+    words = [int(t) for t in tok.encode("ego is driving at 5.0 m/s")]
+    tokens = torch.tensor([words[1:] + [tok.cot_end]])
+    valid = aarl.valid_mask(tokens, tok.cot_end)
+    _, _, greedy, match = aarl._teacher_forced(target, ex, [first] + tokens[0].tolist(), tok)
+    n = int(torch.cumprod(match, 0).sum())
+    through = [first] + tokens[0, :n].tolist() + greedy[n:n + 1].tolist()
+    cache, e, _, _ = aarl._teacher_forced(target, ex, through, tok)
+    g = torch.Generator().manual_seed(int(ex.index))
+    wp, _ = expert.sample(cache, len(e.ids), torch.tensor([ex.v0]), rope_delta=ex.rope_delta, generator=g)
+    want = metrics.ade(wp[0].detach().numpy(), ex.future)
+    one = aarl.rewards(target, expert, ex, scene, first, tokens, valid, tok, AARLConfig(action_on="one_pass"))
+    roll = aarl.rewards(target, expert, ex, scene, first, tokens, valid, tok, AARLConfig())
+    assert float(one["ade"][0]) == pytest.approx(want, rel=1e-5)
+    assert float(one["accepted"][0]) == float(roll["accepted"][0]) == n   # acceptance is the rollout's
+    if n < len(words) - 1:       # a rejection inside the rollout: the two texts differ, and so may the plans
+        assert len(through) < len(words) + 1

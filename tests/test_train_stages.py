@@ -92,6 +92,7 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
         ship.run(_cfg(root, "ship", {"sft": str(target), "out": str(root / "bad"), "drafts": {"mrope": str(drafts[0])}}))
     ecfg = _cfg(root, "eval", {"planner": shipped, "splits": ["test"], "max_new_tokens": 6, "k": 3,
                                "runtime_scenes": 2, "aarl_scenes": 2, "aarl_config": str(acfg_path),
+                               "budget_action": True, "claims": str(root / "claims.md"),
                                "data": {"dir": str(root / "scenes"), "max_scenes": 2},
                                "out": str(root / "metrics.json"), "card": str(root / "CARD.md"),
                                "vision_run": str(root / "vision"), "sft_run": str(root / "sft"), "distill_run": str(root / "distill"),
@@ -113,6 +114,26 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
     assert got["commitment_acc"] == pytest.approx(
         sum(f["scenes"] * f["commitment_acc"] for f in got["families"].values()) / got["scenes"])
     assert "by scene family" in card and f"| {sorted(got['families'])[0]} |" in card
+    budget = got["budget_action"]["modes"]      # what a budget of P passes lets through, then the expert
+    full = budget["full"]["0"]
+    assert full["commitment"] == pytest.approx(got["commitment_acc"])   # no cut: the evaluation's own grading
+    assert full["ade"] == pytest.approx(got["ade"]["full"], rel=1e-5)    # and the expert's plan after the full CoC
+    for p in map(str, got["budget_action"]["passes"]):
+        plain = budget["plain"][p]
+        assert all(t <= int(p) for t in plain["tokens_scenes"])
+        for name in got["drafts"]:
+            mode = budget[name][p]
+            for i, t in enumerate(mode["tokens_scenes"]):
+                assert plain["tokens_scenes"][i] <= t <= full["tokens_scenes"][i], name
+                if t == full["tokens_scenes"][i]:         # nothing cut: the plan after the full CoC
+                    assert mode["ade_scenes"][i] == pytest.approx(full["ade_scenes"][i])
+    for numbers in got["drafts"].values():      # the attention over the three key kinds adds up to 1
+        for rec in numbers["per_scene"]:
+            assert sum(rec["attn"][k][0] for k in ("history", "vision", "text")) == pytest.approx(1.0, abs=1e-4)
+        tau, lo, hi = numbers["intervals"]["tau"]
+        assert lo <= tau <= hi and tau == pytest.approx(numbers["tau"])
+    assert "## Action quality under a budget" in (root / "claims.md").read_text()
+    assert "claims_attention.png" in card and (root / "claims_attention.png").is_file()
     for name, loop in got["runtime_loop"].items():   # the runtime's own loop agrees with the replay
         assert loop["same_reasoning"] == 1.0, name
         assert loop["tau"] == pytest.approx(got["drafts"][name]["tau"]), f"{name}: runtime vs replayed tau"

@@ -23,11 +23,13 @@ def add_parser(subparsers) -> None:
     for stage in RUNNERS:
         p = stages.add_parser(stage, help=f"{stage} stage (config: configs/train/*.yaml)")
         p.add_argument("--config", required=True, help="YAML file of this stage's config")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field (dotted, value as YAML), e.g. --set run.out=runs/x")
         p.set_defaults(run=_run)
 
 
 def _run(args) -> int:
-    cfg = config.load(args.stage, args.config)
+    cfg = config.load(args.stage, args.config, args.set)
     module_name, func = RUNNERS[args.stage].split(":")
     result = getattr(importlib.import_module(module_name), func)(cfg)
     if result is not None:

@@ -4,8 +4,12 @@ Per scene: the target prefills the prompt and picks the first CoC token; the dra
 `group` rollouts of the rest of the CoC as its own chain (own hidden as feature after the first
 row, as when it drafts), sampled at `temperature` over text tokens. Each rollout is scored:
 
-    r_action = -ADE(expert trajectory on the target's cache of prompt + rollout, future) / ade_scale
+    r_action = -ADE(expert trajectory on the target's cache of prompt + text, future) / ade_scale
                - collision_penalty * [that trajectory overlaps a scene agent]
+               text: the rollout (action_on: rollout), or what one exact verify pass of it lets
+               through before a budget closes the reasoning (action_on: one_pass: the accepted
+               run plus the target's bonus token), so the action depends on the draft as it does
+               under a budget
     r_accept = fraction of rollout tokens equal to the target's greedy choice after the same
                prefix (one teacher-forced target pass); the leading run of such tokens is the
                length the target accepts (logged as `accepted`)
@@ -56,21 +60,31 @@ def valid_mask(tokens: torch.Tensor, cot_end: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def _teacher_forced(target, ex, coc: list, tok):
+    """One target pass over prompt + `coc` (+ <|cot_end|>) -> (cache, example, the target's greedy
+    choice after each CoC prefix, whether each CoC token after the first equals it)."""
+    if coc[-1] != tok.cot_end:
+        coc = coc + [tok.cot_end]
+    e = reasoning.with_reasoning(ex, np.array(coc), tok)
+    b = data.collate([e], tok.pad, target.cfg.vision)
+    embeds, deep = target.encode_images(b.pixels, b.grid_thw)
+    cache = target.new_cache(1, len(e.ids))
+    logits, _ = target(b.ids, *target.rope(b.positions), cache, 0, embeds, deep)
+    banned = torch.from_numpy(tok.traj_mask())
+    greedy = logits[0, e.reasoning_start:len(e.ids) - 1].masked_fill(banned, float("-inf")).argmax(-1)
+    return cache, e, greedy, (greedy == b.ids[0, e.reasoning_start + 1:]).float()
+
+
+@torch.no_grad()
 def rewards(target, expert, ex, scene, first: int, tokens, valid, tok, cfg: AARLConfig) -> dict:
     """Score each rollout: action (ADE, collision) and the target's agreement."""
     out = {"r": [], "ade": [], "collision": [], "agree": [], "accepted": []}
     for g in range(tokens.shape[0]):
         coc = [first] + tokens[g][valid[g]].tolist()
-        if coc[-1] != tok.cot_end:
-            coc.append(tok.cot_end)
-        e = reasoning.with_reasoning(ex, np.array(coc), tok)
-        b = data.collate([e], tok.pad, target.cfg.vision)
-        embeds, deep = target.encode_images(b.pixels, b.grid_thw)
-        cache = target.new_cache(1, len(e.ids))
-        logits, _ = target(b.ids, *target.rope(b.positions), cache, 0, embeds, deep)
-        banned = torch.from_numpy(tok.traj_mask())
-        greedy = logits[0, e.reasoning_start:len(e.ids) - 1].masked_fill(banned, float("-inf")).argmax(-1)
-        match = (greedy == b.ids[0, e.reasoning_start + 1:]).float()
+        cache, e, greedy, match = _teacher_forced(target, ex, coc, tok)
+        if cfg.action_on == "one_pass":     # the text one verify pass lets through: accepted + bonus
+            n = int(torch.cumprod(match, 0).sum())
+            cache, e, _, _ = _teacher_forced(target, ex, coc[:n + 1] + greedy[n:n + 1].tolist(), tok)
         gen = torch.Generator().manual_seed(int(ex.index))
         wp, _ = expert.sample(cache, len(e.ids), torch.tensor([ex.v0]), rope_delta=ex.rope_delta, generator=gen,
                               samples=cfg.trajectory_samples)

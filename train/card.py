@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from train import claims_report
+
 COMMANDS = """specdrive scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
 specdrive train vision --config configs/train/vision.yaml
 specdrive train sft --config configs/train/sft.yaml
@@ -207,6 +209,12 @@ def aarl_reward_lines(rew: dict) -> list[str]:
               f"{r['agree']:.3f} | {r['accepted']:.1f} |" for d, r in rew.items() if isinstance(r, dict)]]
 
 
+def _per_scene(splits: dict) -> bool:
+    """Were the drafts evaluated with per-scene records (intervals, pictures, budget)?"""
+    return all("per_scene" in n for s in splits.values() for n in s["drafts"].values()) and \
+        any(s["drafts"] for s in splits.values())
+
+
 def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
     m = json.loads(Path(metrics_json).read_text())
     splits = m["splits"]
@@ -249,6 +257,7 @@ def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
                                                                   Path(card_md).parent / "aarl_curves.png") else []),
              *aarl_reward_lines(m.get("aarl_reward", {})), "",
              *aarl_lines(_log(runs.get("aarl", ""))), "",
+             *(claims_report.sections(splits, Path(card_md).parent, ".") if _per_scene(splits) else []),
              *(["## Notes", "", *[f"- {n}" for n in notes], ""] if notes else []),
              "## Commands", "", "```", COMMANDS, "```", ""]
     Path(card_md).write_text("\n".join(lines))

@@ -20,7 +20,8 @@ from prompt.config import ConfigError
 
 VARIANTS = {  # draft variant -> (rope, features)
     "flat": ("flat", "fused"), "mrope": ("mrope", "fused"),
-    "flat-standalone": ("flat", "none"), "flat-aarl": ("flat", "fused"),
+    "flat-standalone": ("flat", "none"), "mrope-standalone": ("mrope", "none"),
+    "flat-aarl": ("flat", "fused"),
 }
 
 

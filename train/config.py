@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
 
 STAGES = ("vision", "sft", "distill", "aarl")
-DRAFTS = ("flat", "mrope", "flat-standalone", "flat-aarl")
+DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone")   # what `train distill` makes
+DRAFTS = DISTILLED + ("flat-aarl",)
 
 
 @dataclass
@@ -112,9 +113,9 @@ class DistillConfig:
 
     def __post_init__(self):
         if not self.drafts:
-            raise ConfigError(f"drafts must name at least one of {list(DRAFTS[:3])}")
+            raise ConfigError(f"drafts must name at least one of {list(DISTILLED)}")
         for d in self.drafts:
-            check_choice("drafts[]", d, DRAFTS[:3])
+            check_choice("drafts[]", d, DISTILLED)
         if not self.seeds:
             raise ConfigError("seeds must hold at least one seed")
         check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
@@ -140,9 +141,12 @@ class AARLConfig:
     collision_penalty: float = 1.0
     kl_coef: float = 0.05          # beta of the KL to the frozen distilled draft (on-policy: no clip)
     trajectory_samples: int = 1    # expert draws averaged per scored trajectory (as the runtime)
+    action_on: str = "rollout"     # the text the action reward scores: the rollout, or what one
+                                   # verify pass of it lets through (one_pass: a budget cut)
 
     def __post_init__(self):
         check_range("group", self.group, lo=2)
+        check_choice("action_on", self.action_on, ("rollout", "one_pass"))
         check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
         check_range("temperature", self.temperature, lo=1e-3)
@@ -191,6 +195,8 @@ class EvalConfig:
                                    # with the AARL reward of `aarl_config` (same seeded rollouts)
     aarl_config: str = "configs/train/aarl.yaml"
     trajectory_samples: int = 1    # expert draws averaged per trajectory (runtime's trajectory_samples)
+    budget_action: bool = False    # ADE and commitment of the text a budget of a few passes lets through
+    claims: str = ""               # markdown of the claims tables and pictures (train.claims_report; "" = none)
     notes: tuple[str, ...] = ()    # facts about the runs the numbers cannot show (written into the card)
     card: str = ""                 # MODEL_CARD.md to write from the metrics and the run logs ("" = none)
     vision_run: str = "runs/vision-tiny"
@@ -212,7 +218,7 @@ CONFIGS = {"vision": VisionStageConfig, "sft": SFTConfig, "distill": DistillConf
            "ship": ShipConfig, "eval": EvalConfig}
 
 
-def load(stage: str, path):
-    """Read `path` (YAML) as the config of `stage` (one of CONFIGS)."""
+def load(stage: str, path, overrides=()):
+    """Read `path` (YAML) as the config of `stage` (one of CONFIGS), "key=value" overrides applied."""
     check_choice("stage", stage, CONFIGS)
-    return load_yaml(CONFIGS[stage], path)
+    return load_yaml(CONFIGS[stage], path, overrides=tuple(overrides))

@@ -53,6 +53,13 @@ def patchify(images: np.ndarray, patch: int, temporal_patch: int, merge: int):
     return images_to_patches(images, patch, temporal_patch, merge)
 
 
+def vision_embeds(target, e):
+    """(image embeds, deepstack) of one example, fp32 from the target's vision tower."""
+    v = target.cfg.vision
+    pixels, grid = patchify(e.images, v.patch, v.temporal_patch, v.merge)
+    return target.encode_images(torch.from_numpy(pixels), torch.from_numpy(grid))
+
+
 def image_grid(shape: tuple, vision) -> np.ndarray:
     """(n_img, H, W, 3) -> grid_thw (n_img, 3) in patches: (1, H/p, W/p) per still image."""
     n, H, W = shape[:3]

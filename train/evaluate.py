@@ -26,7 +26,8 @@ from runtime.backend import load_backend
 from runtime.config import PlannerConfig, SpecConfig
 from runtime.planner import Planner
 from scenes import dataset
-from train import aarl, config, data, metrics, reasoning
+from train import aarl, claims, config, data, metrics, reasoning
+from train import claims_report
 from train.card import write_card
 from train.config import DataConfig, EvalConfig
 from train.teachers import Teacher, build_teachers, draft_inputs
@@ -41,7 +42,7 @@ def expert_ades(expert, target, teachers: list[Teacher], examples, samples: int 
     for t, e in zip(teachers, examples):
         ids = torch.from_numpy(t.ids)[None]
         cache = target.new_cache(1, len(t.ids))
-        target(ids, *target.rope(torch.from_numpy(t.positions)[:, None]), cache, 0, *_vision(target, e))
+        target(ids, *target.rope(torch.from_numpy(t.positions)[:, None]), cache, 0, *data.vision_embeds(target, e))
         half = t.first + (t.cot_end - t.first) // 2
         for name, n in (("full", t.cot_end + 1), ("prefill", t.first), ("half", half + 1)):
             if name == "half":    # a budget cut: the runtime forces <|cot_end|> after CoC[:half]
@@ -60,13 +61,6 @@ def tok_cot_end(t: Teacher) -> int:
     return int(t.ids[t.cot_end])
 
 
-def _vision(target, e):
-    """(image embeds, deepstack) of one example, fp32 from the vision tower."""
-    v = target.cfg.vision
-    pixels, grid = data.patchify(e.images, v.patch, v.temporal_patch, v.merge)
-    return target.encode_images(torch.from_numpy(pixels), torch.from_numpy(grid))
-
-
 TAU_KS = (4, 8, 16)              # tau is reported at these draft lengths
 FREE_K = 16                      # the free-running accepted length is measured up to this many tokens
 
@@ -83,8 +77,8 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
     tot = {"all": [0, 0], "routine": [0, 0], "commitment": [0, 0]}
     at_k = {kk: [0, 0] for kk in TAU_KS}
     alpha = {"routine": [], "commitment": []}
-    fam_alpha, free, capped = {}, [], []
-    mass = {"history": [], "vision": []}
+    fam_alpha, free, capped, per_scene = {}, [], [], []
+    mass = {kind: [] for kind in KEY_KINDS}
     for b0 in range(0, len(teachers), 8):
         chunk = teachers[b0:b0 + 8]
         ids, cos, sin, features, image_embeds = draft_inputs(chunk, draft, tok.pad)
@@ -99,6 +93,8 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
                 acc[p, rows[0] - p:rows[0] - p + len(rows)] = pred.numpy() == np.array(nxt[:len(rows)])
             r_end = routine_ends[b0 + b]
             n, f, parts = metrics.greedy_tau(acc[:k], t.first, t.cot_end, k, r_end)
+            rec = {"n": n, "f": f, "cut": [metrics.emitted_within(acc[:k], t.first, t.cot_end, k, p)
+                                           for p in BUDGET_PASSES]}
             tot["all"][0] += n
             tot["all"][1] += f
             for name, (pn, pf) in parts.items():
@@ -112,14 +108,20 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
             hits = acc[0, rows]
             alpha["routine"] += hits[rows + 1 < r_end].tolist()
             alpha["commitment"] += hits[rows + 1 >= r_end].tolist()
+            rec["routine"] = [int(hits[rows + 1 < r_end].sum()), int((rows + 1 < r_end).sum())]
+            rec["commitment"] = [int(hits[rows + 1 >= r_end].sum()), int((rows + 1 >= r_end).sum())]
+            rec["hits"] = hits.astype(int).tolist()     # alpha by position within the CoC
             if families is not None:
                 fam_alpha.setdefault(families[b0 + b], []).extend(hits.tolist())
             run, cap = metrics.free_running(acc, t.first, t.cot_end, K)
             free += run
             capped += cap
-        h, v = attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok)
-        mass["history"] += h
-        mass["vision"] += v
+            rec["free"] = [int(sum(run)), len(run)]
+            per_scene.append(rec)
+        for rec, layers in zip(per_scene[b0:], attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok)):
+            rec["attn"] = layers                        # {kind: [mass per layer]}
+            for kind in KEY_KINDS:
+                mass[kind].append(float(np.mean(layers[kind])))
     out = {f"tau_{name}" if name != "all" else "tau": n / max(f, 1) for name, (n, f) in tot.items()}
     out.update({f"tau_k{kk}": n / max(f, 1) for kk, (n, f) in at_k.items()})
     out.update({f"alpha_{name}": float(np.mean(v)) if v else float("nan") for name, v in alpha.items()})
@@ -129,19 +131,28 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
     if families is not None:
         out["alpha_families"] = {f: float(np.mean(v)) for f, v in sorted(fam_alpha.items())}
     out.update({f"attn_{name}": float(np.mean(v)) for name, v in mass.items()})
+    out["attn_layers"] = {kind: np.mean([r["attn"][kind] for r in per_scene], 0).tolist() for kind in KEY_KINDS}
+    out["intervals"] = claims.intervals(per_scene)
+    out["per_scene"] = per_scene
     return out
 
 
-def attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok):
-    """Per scene: attention probability (mean over layers, heads and reasoning rows) on the
-    history-token keys and on the vision-token keys (pass 0: the draft's causal forward)."""
+KEY_KINDS = ("history", "vision", "text")   # every key is one: history bins, image pads, the rest
+BUDGET_PASSES = (2, 4, 6)                   # target passes a budget allows (budgeted action quality)
+
+
+def attention_mass(draft, ids, cos, sin, features, image_embeds, chunk, tok) -> list[dict]:
+    """Per scene and layer: attention probability (mean over heads and reasoning rows) on the
+    history-token keys, the vision-token keys and every other (text) key (pass 0: the draft's
+    causal forward). The three add up to 1."""
     hist = ((ids >= tok.hist_ids.start) & (ids < tok.hist_ids.stop)).float()
     vis = (ids == tok.image_pad).float()
+    kinds = {"history": hist, "vision": vis, "text": 1.0 - hist - vis}
     probs = attention_probs(draft, ids, cos, sin, features, image_embeds)      # (B, H, T, T) each
-    H = torch.stack([(p * hist[:, None, None]).sum(-1).mean(1) for p in probs]).mean(0)   # (B, T)
-    V = torch.stack([(p * vis[:, None, None]).sum(-1).mean(1) for p in probs]).mean(0)
-    return ([float(H[b, t.first:t.cot_end].mean()) for b, t in enumerate(chunk)],
-            [float(V[b, t.first:t.cot_end].mean()) for b, t in enumerate(chunk)])
+    per = {kind: torch.stack([(p * m[:, None, None]).sum(-1).mean(1) for p in probs])   # (L, B, T)
+           for kind, m in kinds.items()}
+    return [{kind: [float(v[layer, b, t.first:t.cot_end].mean()) for layer in range(v.shape[0])]
+             for kind, v in per.items()} for b, t in enumerate(chunk)]
 
 
 @torch.no_grad()
@@ -170,6 +181,9 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
     out["ade"] = expert_ades(expert, target, teachers, exs, cfg.trajectory_samples)
     routine_ends = [t.first + routine_tokens(tok, w) for t, w in zip(teachers, words)]
     out["drafts"] = {name: draft_numbers(d, teachers, tok, cfg.k, routine_ends, fams) for name, d in drafts.items()}
+    if cfg.budget_action:
+        out["budget_action"] = claims.budget_action(expert, target, teachers, exs, scenes, tok, out["drafts"],
+                                                    BUDGET_PASSES, cfg.trajectory_samples)
     if split == "test" and cfg.runtime_scenes:
         shipped = [n for n in drafts if (Path(cfg.planner) / n).exists()]
         out["runtime_loop"] = runtime_check(cfg, tok, shipped, toks)
@@ -244,6 +258,8 @@ def run(cfg: EvalConfig) -> str:
         print("aarl_reward", json.dumps(results["aarl_reward"]), flush=True)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(json.dumps(results, indent=1) + "\n")
+    if cfg.claims:
+        claims_report.write(cfg.out, cfg.claims, Path(cfg.claims).parent / "img")
     if cfg.card:
         write_card(cfg.out, cfg.card, {"vision": cfg.vision_run, "sft": cfg.sft_run, "distill": cfg.distill_run, "aarl": cfg.aarl_run},
                    cfg.notes)

@@ -5,6 +5,7 @@
     ade(pred, future)                  mean L2 over the 64 waypoints (x, y)
     constant_velocity(v0)              (64, 2) straight line at v0 (the baseline)
     greedy_tau(accepts, first, end, k) tokens per target forward of the greedy speculative loop
+    emitted_within(accepts, ..., passes)  CoC tokens written within a budget of target passes
 """
 from __future__ import annotations
 
@@ -21,25 +22,38 @@ def constant_velocity(v0: float, n: int = 64, dt: float = 0.1) -> np.ndarray:
     return np.stack([v0 * t, np.zeros(n)], 1)
 
 
-def greedy_tau(accepts: np.ndarray, first: int, end: int, k: int, routine_end: int | None = None):
+def greedy_steps(accepts: np.ndarray, first: int, end: int, k: int) -> list[tuple[int, int]]:
     """Exact greedy speculative decoding from the pending token at row `first` to <|cot_end|>
     at row `end`. accepts[p, r] (bool) = the draft's p-th chain token from verified row r
     equals the target's token at row r + p + 1. A step from pending row v accepts
     n = leading true of accepts[0..k-1, v] (capped so nothing past `end` is proposed) and emits
-    n + 1 tokens. Returns (tokens, forwards, per-part (tokens, forwards) for routine /
-    commitment steps, by the row of the step's first emitted token)."""
-    v, tokens, forwards = first, 0, 0
-    parts = {"routine": [0, 0], "commitment": [0, 0]}
+    n + 1 tokens. Returns (v, tokens emitted) per step (one target forward each)."""
+    v, steps = first, []
     while v < end:
         n = 0
         while n < min(k, end - v - 1) and accepts[n, v]:
             n += 1
-        emitted = min(n + 1, end - v)
+        steps.append((v, min(n + 1, end - v)))
+        v += steps[-1][1]
+    return steps
+
+
+def greedy_tau(accepts: np.ndarray, first: int, end: int, k: int, routine_end: int | None = None):
+    """Tokens and target forwards of the greedy loop (`greedy_steps`), with per-part (tokens,
+    forwards) for routine / commitment steps, by the row of the step's first emitted token."""
+    parts = {"routine": [0, 0], "commitment": [0, 0]}
+    steps = greedy_steps(accepts, first, end, k)
+    for v, emitted in steps:
         part = "routine" if routine_end is not None and v + 1 < routine_end else "commitment"
         parts[part][0] += emitted
         parts[part][1] += 1
-        tokens, forwards, v = tokens + emitted, forwards + 1, v + emitted
-    return tokens, forwards, parts
+    return sum(e for _, e in steps), len(steps), parts
+
+
+def emitted_within(accepts: np.ndarray, first: int, end: int, k: int, passes: int) -> int:
+    """CoC tokens the greedy loop has emitted after `passes` target forwards (a budget that
+    allows that many verify passes; plain decoding emits `passes`)."""
+    return sum(e for _, e in greedy_steps(accepts, first, end, k)[:passes])
 
 
 def free_running(accepts: np.ndarray, first: int, end: int, cap: int) -> tuple[list[int], list[bool]]:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The runs behind docs/claims.md (`make claims`): three seeds of every distilled draft, AARL on each
+# flat seed with the shipped recipe, and the reward-weight x KL ablation of AARL with the action
+# reward on what one verify pass lets through (action_on: one_pass), then the evaluation.
+set -euo pipefail
+PY=${PY:-.venv/bin/python}
+[ -e runs/claims-distill/flat-standalone-s2/ckpt/draft-flat-standalone/meta.json ] && \
+[ -e runs/claims-distill/mrope-standalone-s2/ckpt/draft-mrope-standalone/meta.json ] || \
+  $PY -m tools.cli train distill --config configs/train/distill-claims.yaml
+aarl() {  # NAME SEED [overrides...]
+  local name=$1 seed=$2; shift 2
+  [ -e runs/claims-aarl/$name/ckpt/draft-flat-aarl/meta.json ] && return 0
+  $PY -m tools.cli train aarl --config configs/train/aarl.yaml \
+    --set draft=runs/claims-distill/flat-s$seed/ckpt/draft-flat --set run.seed=$seed \
+    --set run.out=runs/claims-aarl/$name "$@"
+}
+for s in 0 1 2; do aarl rollout-s$s $s; done
+aarl onepass-aw1-kl0.1 0 --set action_on=one_pass
+aarl onepass-aw4-kl0.1 0 --set action_on=one_pass --set action_weight=4.0
+aarl onepass-aw0-kl0.1 0 --set action_on=one_pass --set action_weight=0.0
+aarl onepass-aw1-kl0.01 0 --set action_on=one_pass --set kl_coef=0.01
+aarl onepass-aw1-kl1 0 --set action_on=one_pass --set kl_coef=1.0
+$PY -m tools.cli train eval --config configs/train/eval-claims.yaml

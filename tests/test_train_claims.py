@@ -1,0 +1,66 @@
+"""The claims numbers: the budgeted greedy loop, bootstrap intervals over scenes, paired
+differences, draft grouping by run folder, and config overrides from the command line."""
+import numpy as np
+import pytest
+
+from prompt.config import ConfigError
+from train import claims, claims_report, config, metrics
+
+
+def test_emitted_within_a_budget_of_passes():
+    first, end, k = 10, 40, 4
+    all_ok = np.ones((k, 60), bool)
+    none = np.zeros((k, 60), bool)
+    assert metrics.emitted_within(all_ok, first, end, k, 2) == 2 * (k + 1)
+    assert metrics.emitted_within(all_ok, first, end, k, 100) == end - first     # never past <|cot_end|>
+    assert metrics.emitted_within(none, first, end, k, 3) == 3                    # plain decoding
+    some = none.copy()
+    some[:2, first] = True                          # the first step accepts 2 drafted tokens
+    assert metrics.emitted_within(some, first, end, k, 1) == 3
+    assert metrics.emitted_within(some, first, end, k, 2) == 4
+    steps = metrics.greedy_steps(some, first, end, k)
+    assert sum(e for _, e in steps) == end - first and len(steps) == metrics.greedy_tau(some, first, end, k)[1]
+
+
+def _rec(n, f, rout=(9, 10), comm=(4, 5), free=(6, 2)):
+    return {"n": n, "f": f, "routine": list(rout), "commitment": list(comm), "free": list(free)}
+
+
+def test_intervals_bracket_the_ratio_of_sums_and_shrink_to_it_without_spread():
+    same = [_rec(10, 2)] * 30
+    iv = claims.intervals(same)
+    assert iv["tau"] == [5.0, 5.0, 5.0] and iv["alpha_routine"] == pytest.approx([0.9, 0.9, 0.9])
+    rng = np.random.default_rng(1)
+    spread = [_rec(int(n), int(f)) for n, f in zip(rng.integers(20, 60, 40), rng.integers(4, 12, 40))]
+    point, lo, hi = claims.intervals(spread)["tau"]
+    assert point == pytest.approx(sum(r["n"] for r in spread) / sum(r["f"] for r in spread))
+    assert lo < point < hi
+
+
+def test_paired_difference():
+    a = np.arange(20, dtype=float)
+    assert claims.paired(a, a + 1.5) == pytest.approx([1.5, 1.5, 1.5])
+    d, lo, hi = claims.paired(a, a[::-1])
+    assert d == pytest.approx(0.0) and lo < 0 < hi
+
+
+def test_drafts_are_grouped_by_their_run_folder():
+    assert claims_report.group_of("runs/claims-distill/mrope-standalone-s2/ckpt/draft-mrope-standalone") == \
+        ("mrope-standalone", "2")
+    assert claims_report.group_of("runs/claims-aarl/onepass-aw1-kl0.1/ckpt/draft-flat-aarl") == \
+        ("aarl onepass-aw1-kl0.1", "0")
+    assert claims_report.group_of("runs/claims-aarl/rollout-s1/ckpt/draft-flat-aarl") == ("aarl rollout", "1")
+    assert claims_report.group_of("draft-flat") == ("flat", "shipped")
+
+
+def test_config_overrides_from_the_command_line(tmp_path):
+    path = tmp_path / "aarl.yaml"
+    path.write_text("kl_coef: 0.1\nrun: {out: runs/a, steps: 3}\n")
+    cfg = config.load("aarl", path, ["kl_coef=0.01", "run.steps=7", "action_on=one_pass"])
+    assert (cfg.kl_coef, cfg.run.steps, cfg.run.out, cfg.action_on) == (0.01, 7, "runs/a", "one_pass")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        config.load("aarl", path, ["kl_coef"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        config.load("aarl", path, ["kl_cof=1"])
+    with pytest.raises(ConfigError, match="action_on"):
+        config.load("aarl", path, ["action_on=sometimes"])

@@ -1,0 +1,108 @@
+"""The numbers behind docs/claims.md: intervals over scenes, and action quality under a budget.
+
+    intervals(per_scene)        95% bootstrap intervals (over scenes) of tau, alpha on routine and
+                                commitment tokens, and the free-running accepted length
+    paired(a, b)                the mean of b - a over the same scenes, with its 95% interval
+    budget_action(...)          ADE and commitment correctness of the text a budget of P target
+                                passes lets through, per draft (the setting where the draft changes
+                                what the planner does: a better draft fits more reasoning)
+
+A bootstrap resamples scenes (with replacement) and recomputes each ratio from the resampled
+scenes' sums, so a scene with a long CoC weighs as it does in the point estimate.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from train import data, metrics
+
+BOOT = 2000          # bootstrap resamples
+LEVEL = 0.95
+
+
+def _ratio(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return num[idx].sum(1) / np.maximum(den[idx].sum(1), 1)
+
+
+def intervals(per_scene: list[dict], seed: int = 0) -> dict:
+    """{metric: [point, lo, hi]} for tau (at the evaluated k), alpha_routine, alpha_commitment and
+    free_running, from per-scene records (train.evaluate.draft_numbers)."""
+    if not per_scene:
+        return {}
+    pairs = {"tau": ([r["n"] for r in per_scene], [r["f"] for r in per_scene]),
+             "alpha_routine": ([r["routine"][0] for r in per_scene], [r["routine"][1] for r in per_scene]),
+             "alpha_commitment": ([r["commitment"][0] for r in per_scene], [r["commitment"][1] for r in per_scene]),
+             "free_running": ([r["free"][0] for r in per_scene], [r["free"][1] for r in per_scene])}
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(per_scene), size=(BOOT, len(per_scene)))
+    out = {}
+    for name, (num, den) in pairs.items():
+        num, den = np.asarray(num, float), np.asarray(den, float)
+        boot = _ratio(num, den, idx)
+        lo, hi = np.quantile(boot, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+        out[name] = [float(num.sum() / max(den.sum(), 1)), float(lo), float(hi)]
+    return out
+
+
+def paired(a, b, seed: int = 0) -> list[float]:
+    """[mean(b - a), lo, hi]: the per-scene difference of two measures on the same scenes."""
+    d = np.asarray(b, float) - np.asarray(a, float)
+    if d.size == 0:
+        return [float("nan")] * 3
+    idx = np.random.default_rng(seed).integers(0, d.size, size=(BOOT, d.size))
+    lo, hi = np.quantile(d[idx].mean(1), [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return [float(d.mean()), float(lo), float(hi)]
+
+
+def mean_interval(values, seed: int = 0) -> list[float]:
+    """[mean, lo, hi] of per-scene values."""
+    return paired(np.zeros(len(values)), values, seed)
+
+
+@torch.no_grad()
+def budget_action(expert, target, teachers, examples, scenes, tok, drafts: dict, passes: tuple,
+                  samples: int = 1) -> dict:
+    """Per budget of P target passes: the CoC rows written within it (draft d: its replayed
+    greedy loop's `cut` from train.evaluate.draft_numbers; plain decoding: P tokens), then
+    <|cot_end|> as the budget closes the text, then the expert. Returns per mode ("plain", "full"
+    = no budget, each draft) and P: mean ADE, commitment correctness of the text let through, and
+    CoC tokens written, with per-scene ADE and commitment lists for paired comparisons."""
+    modes = {"plain": [list(passes)] * len(teachers)} | \
+            {name: [r["cut"] for r in d["per_scene"]] for name, d in drafts.items()}
+    rows = {name: {p: {"ade": [], "commitment": [], "tokens": []} for p in passes} for name in modes}
+    rows["full"] = {0: {"ade": [], "commitment": [], "tokens": []}}
+    for i, (t, e) in enumerate(zip(teachers, examples)):
+        coc = t.cot_end - t.first                 # CoC tokens after the pending first one
+        wanted = {n: None for n in [coc] + [min(c, coc) for cuts in modes.values() for c in cuts[i]]}
+        ids = torch.from_numpy(t.ids)[None]
+        cache = target.new_cache(1, len(t.ids))
+        target(ids, *target.rope(torch.from_numpy(t.positions)[:, None]), cache, 0, *data.vision_embeds(target, e))
+        for n in sorted(wanted, reverse=True):    # longest first: a cut overwrites only its own row
+            last = t.first + n                    # rows first .. last hold the CoC written so far
+            if n < coc:
+                pos = torch.full((1, 1), last + 1 + e.rope_delta)
+                target(torch.tensor([[tok.cot_end]]), *target.rope(pos), cache, last + 1)
+                rows_read = last + 2
+            else:
+                rows_read = t.cot_end + 1
+            g = torch.Generator().manual_seed(int(e.index))
+            wp, _ = expert.sample(cache, rows_read, torch.tensor([e.v0]), rope_delta=e.rope_delta, generator=g,
+                                  samples=samples)
+            text = [x for x in t.ids[t.first:min(last, t.cot_end - 1) + 1].tolist() if x != tok.cot_end]
+            cause, decision = metrics.commitment_correct(tok.decode(text).split(), scenes[e.index])
+            wanted[n] = (metrics.ade(wp[0].numpy(), e.future), float(cause and decision))
+        for name, cuts in modes.items():
+            for p, c in zip(passes, cuts[i]):
+                ade, right = wanted[min(c, coc)]
+                rows[name][p]["ade"].append(ade)
+                rows[name][p]["commitment"].append(right)
+                rows[name][p]["tokens"].append(min(c, coc))
+        rows["full"][0]["ade"].append(wanted[coc][0])
+        rows["full"][0]["commitment"].append(wanted[coc][1])
+        rows["full"][0]["tokens"].append(coc)
+    return {"passes": list(passes), "modes": {
+        name: {str(p): {"ade": float(np.mean(v["ade"])), "commitment": float(np.mean(v["commitment"])),
+                        "tokens": float(np.mean(v["tokens"])), "ade_scenes": v["ade"], "tokens_scenes": v["tokens"],
+                        "commitment_scenes": v["commitment"]} for p, v in per.items()}
+        for name, per in rows.items()}}

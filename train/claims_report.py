@@ -1,0 +1,228 @@
+"""Tables and pictures of the seed's claims from an evaluation's metrics.json (train.evaluate with
+per-scene records): drafts grouped by variant over seeds, intervals over scenes, paired
+differences, attention mass by key type, alpha by position, action quality under a budget.
+
+    write(metrics_json, out_md, img_dir)     -> the markdown file (every number from metrics_json)
+
+A draft's group and seed come from its folder: RUN/<group>-s<seed>/ckpt/draft-* (a distillation
+or AARL run folder), else its own name (a shipped draft-<variant>, seed "shipped").
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from train import claims
+
+KINDS = ("history", "vision", "text")
+
+
+def group_of(name: str) -> tuple[str, str]:
+    """(group, seed) of a draft name or path."""
+    p = Path(name)
+    if p.parent.name == "ckpt":
+        run = p.parent.parent.name
+        m = re.fullmatch(r"(.*?)-s(\d+)", run)
+        group, seed = (m.group(1), m.group(2)) if m else (run, "0")
+        return (f"aarl {group}" if "aarl" in p.name else group), seed
+    return p.name.removeprefix("draft-"), "shipped"
+
+
+def grouped(drafts: dict) -> dict:
+    """{group: {seed: draft numbers}} in first-seen order."""
+    out: dict = {}
+    for name, n in drafts.items():
+        g, s = group_of(name)
+        out.setdefault(g, {})[s] = n
+    return out
+
+
+def pooled(seeds: dict) -> list[dict]:
+    """Per-scene records summed over seeds (the same scenes in each), for a seed-pooled bootstrap."""
+    runs = [n["per_scene"] for n in seeds.values()]
+    out = []
+    for recs in zip(*runs):
+        out.append({key: [sum(r[key][i] for r in recs) for i in range(2)] for key in ("routine", "commitment", "free")}
+                   | {"n": sum(r["n"] for r in recs), "f": sum(r["f"] for r in recs)})
+    return out
+
+
+def _ci(x, pct=False) -> str:
+    if pct:
+        return f"{x[0]:.1%} [{x[1]:.1%}, {x[2]:.1%}]"
+    return f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]"
+
+
+def acceptance_table(splits: dict) -> list[str]:
+    rows = ["| split | draft | seeds | tau k=8 (per seed) | tau k=8 [95%] | alpha routine [95%] | "
+            "alpha commitment [95%] | free-running [95%] | draft share of CoC | tokens per accepted block |",
+            "|" + "---|" * 10]
+    for split, s in splits.items():
+        for g, seeds in grouped(s["drafts"]).items():
+            iv = claims.intervals(pooled(seeds))
+            n = sum(r["n"] for d in seeds.values() for r in d["per_scene"])
+            f = sum(r["f"] for d in seeds.values() for r in d["per_scene"])
+            per = ", ".join(f"{d['tau']:.2f}" for d in seeds.values())
+            rows.append(f"| {split} | {g} | {len(seeds)} | {per} | {_ci(iv['tau'])} | {_ci(iv['alpha_routine'], True)} | "
+                        f"{_ci(iv['alpha_commitment'], True)} | {_ci(iv['free_running'])} | {(n - f) / max(n, 1):.1%} | "
+                        f"{(n - f) / max(f, 1):.2f} |")
+    return rows
+
+
+def tau_diff(a: dict, b: dict, seed: int = 0) -> list[float]:
+    """tau(b) - tau(a) over the same scenes (seed-pooled ratios), with a paired bootstrap interval."""
+    pa, pb = pooled(a), pooled(b)
+    na, fa = np.array([r["n"] for r in pa], float), np.array([r["f"] for r in pa], float)
+    nb, fb = np.array([r["n"] for r in pb], float), np.array([r["f"] for r in pb], float)
+    idx = np.random.default_rng(seed).integers(0, len(pa), size=(claims.BOOT, len(pa)))
+    boot = nb[idx].sum(1) / fb[idx].sum(1) - na[idx].sum(1) / fa[idx].sum(1)
+    lo, hi = np.quantile(boot, [(1 - claims.LEVEL) / 2, (1 + claims.LEVEL) / 2])
+    return [float(nb.sum() / fb.sum() - na.sum() / fa.sum()), float(lo), float(hi)]
+
+
+COMPARISONS = (("mrope", "flat", "FlatRoPE vs M-RoPE, fused drafts"),
+               ("mrope-standalone", "flat-standalone", "FlatRoPE vs M-RoPE, standalone drafts (features: none)"),
+               ("flat", "aarl rollout", "AARL (shipped recipe) vs its distilled flat seed"))
+
+
+def comparison_table(splits: dict) -> list[str]:
+    rows = ["| split | comparison | tau k=8 difference [95%] |", "|---|---|---|"]
+    for split, s in splits.items():
+        g = grouped(s["drafts"])
+        for a, b, what in COMPARISONS:
+            if a in g and b in g:
+                seeds = sorted(set(g[a]) & set(g[b]))
+                d = tau_diff({k: g[a][k] for k in seeds}, {k: g[b][k] for k in seeds})
+                rows.append(f"| {split} | {what} ({len(seeds)} paired seeds) | {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] |")
+    return rows
+
+
+def attention_table(splits: dict, split: str = "test") -> list[str]:
+    rows = ["| draft | layer | history | vision | text |", "|---|---|---|---|---|"]
+    for g, seeds in grouped(splits[split]["drafts"]).items():
+        layers = np.mean([[n["attn_layers"][k] for k in KINDS] for n in seeds.values()], 0)   # (3, L)
+        for layer in range(layers.shape[1]):
+            rows.append(f"| {g} | {layer} | " + " | ".join(f"{layers[i, layer]:.3f}" for i in range(3)) + " |")
+    return rows
+
+
+def budget_table(splits: dict) -> list[str]:
+    rows = ["| split | passes | mode | CoC tokens written | ADE (m) [95%] | cause and decision right |",
+            "|---|---|---|---|---|---|"]
+    for split, s in splits.items():
+        b = s.get("budget_action")
+        if not b:
+            continue
+        full = b["modes"]["full"]["0"]
+        for p in b["passes"]:
+            for mode, per in b["modes"].items():
+                if mode == "full":
+                    continue
+                r = per[str(p)]
+                label = mode if mode == "plain" else "/".join(group_of(mode))
+                rows.append(f"| {split} | {p} | {label} | {r['tokens']:.1f} | {_ci(claims.mean_interval(r['ade_scenes']))} | "
+                            f"{r['commitment']:.1%} |")
+        rows.append(f"| {split} | no budget | full CoC | {full['tokens']:.1f} | "
+                    f"{_ci(claims.mean_interval(full['ade_scenes']))} | {full['commitment']:.1%} |")
+    return rows
+
+
+def aarl_table(splits: dict, base: str = "flat", passes: str = "4") -> list[str]:
+    """Every AARL run against the distilled flat draft it started from (same seed): tau, and the
+    budgeted ADE and commitment at `passes` passes, as paired differences over the same scenes."""
+    rows = [f"| split | AARL run | seed | tau k=8 change [95%] | ADE change at {passes} passes (m) [95%] | "
+            f"cause and decision change at {passes} passes [95%] |", "|---|---|---|---|---|---|"]
+    for split, s in splits.items():
+        g = grouped(s["drafts"])
+        names = {group_of(n): n for n in s["drafts"]}
+        b = s.get("budget_action", {}).get("modes", {})
+        for group, seeds in g.items():
+            if not group.startswith("aarl") or base not in g:
+                continue
+            for seed in seeds:
+                if seed not in g[base]:
+                    continue
+                d = tau_diff({seed: g[base][seed]}, {seed: seeds[seed]})
+                ra, rb = b.get(names[(base, seed)], {}).get(passes), b.get(names[(group, seed)], {}).get(passes)
+                ade = claims.paired(ra["ade_scenes"], rb["ade_scenes"]) if ra and rb else [float("nan")] * 3
+                com = claims.paired(ra["commitment_scenes"], rb["commitment_scenes"]) if ra and rb else [float("nan")] * 3
+                rows.append(f"| {split} | {group} | {seed} | {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] | "
+                            f"{ade[0]:+.3f} [{ade[1]:+.3f}, {ade[2]:+.3f}] | {com[0]:+.1%} [{com[1]:+.1%}, {com[2]:+.1%}] |")
+    return rows
+
+
+def attention_png(splits: dict, png, split: str = "test") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    g = grouped(splits[split]["drafts"])
+    names = list(g)
+    vals = np.array([np.mean([[np.mean(n["attn_layers"][k]) for k in KINDS] for n in seeds.values()], 0)
+                     for seeds in g.values()])                         # (drafts, 3)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names)), 3.2))
+    x = np.arange(len(names))
+    for i, kind in enumerate(KINDS):
+        ax.bar(x + (i - 1) * 0.27, vals[:, i], 0.27, label=f"{kind} keys")
+    ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("attention mass")
+    ax.set_title(f"draft attention at the reasoning rows by key type ({split})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
+def alpha_position_png(splits: dict, png, split: str = "test", max_pos: int = 60) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for g, seeds in grouped(splits[split]["drafts"]).items():
+        hits = [r["hits"] for n in seeds.values() for r in n["per_scene"]]
+        pos = np.arange(min(max_pos, max(len(h) for h in hits)))
+        alpha = [np.mean([h[i] for h in hits if len(h) > i]) for i in pos]
+        ax.plot(pos, alpha, label=g, lw=1.2)
+    ax.set_xlabel("token position within the CoC")
+    ax.set_ylabel("alpha (draft's next token = target's)")
+    ax.set_title(f"per-token acceptance by position ({split})")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
+def sections(splits: dict, img_dir, rel) -> list[str]:
+    """The markdown sections (pictures written into img_dir, linked as rel/NAME)."""
+    img_dir = Path(img_dir)
+    img_dir.mkdir(parents=True, exist_ok=True)
+    attention_png(splits, img_dir / "claims_attention.png")
+    alpha_position_png(splits, img_dir / "claims_alpha_position.png")
+    rel = Path(rel)
+    return ["## Acceptance, per draft group over its seeds", "",
+            "Intervals: 95% bootstrap over scenes of the seed-pooled ratio; per-seed tau in its own column. "
+            "Draft share of CoC = accepted draft tokens / CoC tokens (1 - 1/tau); tokens per accepted block = "
+            "accepted draft tokens per target pass.", "", *acceptance_table(splits), "",
+            "## Paired differences (same scenes, same seeds)", "", *comparison_table(splits), "",
+            "## Attention mass by key type at the reasoning rows (test, mean over seeds)", "",
+            f"![attention mass]({rel / 'claims_attention.png'})", "", *attention_table(splits), "",
+            "## Per-token acceptance by position within the CoC (test)", "",
+            f"![alpha by position]({rel / 'claims_alpha_position.png'})", "",
+            "## Action quality under a budget of target passes", "",
+            "The budget lets P target passes write the CoC (plain decoding: P tokens; a draft: what its exact "
+            "greedy loop at k = 8 emits in P passes), then closes it with <|cot_end|>; the expert then plans "
+            "(mean of 8 draws). The text is still the target's, only shorter when the draft is worse.", "",
+            *budget_table(splits), "",
+            "## AARL runs against their starting draft", "", *aarl_table(splits), ""]
+
+
+def write(metrics_json, out_md, img_dir, rel="img") -> str:
+    m = json.loads(Path(metrics_json).read_text())
+    lines = [f"<!-- written by train.claims_report from {metrics_json}; do not edit by hand -->", "",
+             *sections(m["splits"], img_dir, rel)]
+    Path(out_md).write_text("\n".join(lines))
+    return str(out_md)
