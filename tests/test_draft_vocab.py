@@ -1,0 +1,187 @@
+"""The reduced draft head (issue 24): the d2t map from a corpus, the head's logits scattered to the
+target vocabulary (q exactly zero outside it), checkpoints that carry the map and refuse one that
+does not fit the tokenizer, greedy speculative == plain with a reduced head on the torch backend."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+
+from models import io
+from models.config import load_preset
+from models.draft import Draft
+from prompt.config import ConfigError, file_sha256
+from prompt.draft_vocab import build_d2t, check_d2t, coverage, d2t_sha256, kept_ids, token_counts
+from prompt.tokenizer import load_tokenizer
+from train import ckpt
+
+ROOT = Path(__file__).resolve().parent.parent
+TOK = load_tokenizer(ROOT / "checkpoints" / "tiny")
+TEXTS = ["the lead vehicle brakes ahead so slow down", "keep the lane at steady speed",
+         "a pedestrian crosses ahead so stop", "keep the lane"]
+
+
+def counts():
+    return token_counts(TEXTS, TOK)
+
+
+def test_d2t_keeps_the_specials_and_the_most_frequent_text_tokens():
+    c = counts()
+    n = len(kept_ids(TOK)) + 5
+    d2t = build_d2t(c, TOK, n)
+    assert len(d2t) == n and np.all(np.diff(d2t) > 0)
+    assert set(kept_ids(TOK)) <= set(d2t.tolist()) and TOK.cot_end in d2t
+    text = sorted(set(d2t.tolist()) - set(kept_ids(TOK).tolist()))
+    rest = np.setdiff1d(np.flatnonzero(TOK.text_mask()), d2t)
+    assert c[text].min() >= c[rest].max(), "a less frequent token was kept over a more frequent one"
+    assert np.array_equal(d2t, build_d2t(c, TOK, n))
+    full = build_d2t(c, TOK, len(kept_ids(TOK)) + int((c > 0).sum()))
+    assert coverage(c, full) == 1.0 > coverage(c, d2t) > 0
+
+
+@pytest.mark.parametrize("n", [0, len(kept_ids(TOK)), 10 ** 6, 2.5])
+def test_d2t_of_an_impossible_size_is_refused(n):
+    with pytest.raises(ConfigError, match="draft vocabulary n"):
+        build_d2t(counts(), TOK, n)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: np.append(d, len(TOK)), "outside the tokenizer"),
+    (lambda d: np.append(d, d[-1]), "repeats target ids"),
+    (lambda d: d[1:], "lacks the special tokens"),
+    (lambda d: np.append(d, TOK.hist_ids[0]), "trajectory tokens"),
+])
+def test_a_map_that_does_not_fit_the_tokenizer_is_refused(edit, match):
+    d2t = build_d2t(counts(), TOK, 40)
+    check_d2t(d2t, TOK, "here", d2t_sha256(d2t))
+    with pytest.raises(ConfigError, match=match):
+        check_d2t(edit(d2t), TOK, "here")
+    with pytest.raises(ConfigError, match="does not match"):
+        check_d2t(d2t[::-1].copy(), TOK, "here", d2t_sha256(d2t))
+
+
+@pytest.fixture(scope="module")
+def models():
+    cfg = io.with_tokenizer(load_preset("tiny"), TOK)
+    target, expert, _ = io.new_models(cfg, 0)
+    return cfg, target.eval(), expert.eval()
+
+
+def reduced(cfg, target, n=40, seed=1):
+    torch.manual_seed(seed)
+    d = Draft(ckpt.draft_config(cfg, "flat", n), target.embed_tokens, target.lm_head).eval()
+    d.set_vocab(build_d2t(counts(), TOK, n))
+    return d
+
+
+def test_reduced_logits_are_the_head_rows_scattered_and_minus_inf_elsewhere(models):
+    cfg, target, _ = models
+    d = reduced(cfg, target)
+    torch.manual_seed(1)
+    full = Draft(ckpt.draft_config(cfg, "flat"), target.embed_tokens, target.lm_head).eval()
+    full.load_state_dict({k: v for k, v in d.state_dict().items() if k in full.state_dict()})
+    ids, pos = torch.tensor([[5, 300, 301, 7]]), torch.arange(4)[None]
+    feats = torch.randn(1, 4, 3 * cfg.target.llm.hidden)
+    with torch.no_grad():
+        lr, hr = d(ids, *d.rope(pos), None, 0, feats)
+        head, _ = d(ids, *d.rope(pos), None, 0, feats, head_only=True)
+        lf, hf = full(ids, *full.rope(pos), None, 0, feats)
+    outside = np.setdiff1d(np.arange(len(TOK)), d.d2t.numpy())
+    assert head.shape[-1] == 40 and torch.equal(lr[..., d.d2t], head)
+    assert torch.isneginf(lr[..., outside]).all()
+    # initialised from the target head's rows: inside the head the logits are the full draft's
+    diff = (lr[..., d.d2t] - lf[..., d.d2t]).abs().max().item()
+    assert diff < 1e-5 and torch.allclose(hr, hf), f"max diff {diff}"
+    q = torch.softmax(lr, -1)
+    assert float(q[..., outside].max()) == 0.0 and torch.allclose(q.sum(-1), torch.ones(1, 4))
+
+
+def save_reduced(folder, cfg, target, d2t=None):
+    d = reduced(cfg, target)
+    if d2t is not None:                       # a map set by hand (no checks on the way in)
+        d.d2t = torch.as_tensor(d2t)
+    return ckpt.save_draft(folder, "flat", cfg, d, {"stage": "test"})
+
+
+def test_checkpoint_round_trip_keeps_the_map_and_its_hash(models, tmp_path):
+    cfg, target, _ = models
+    folder = save_reduced(tmp_path, cfg, target)
+    meta = io.read_meta(folder)
+    assert folder.name == "draft-flat-v40" and meta["variant"] == "flat-v40" and meta["draft_vocab"] == 40
+    lcfg, d, _ = io.load_draft(folder, cfg, target, TOK)
+    assert lcfg.draft.vocab == 40 and meta["d2t_sha256"] == d2t_sha256(d.d2t.numpy())
+    assert torch.equal(d.d2t, reduced(cfg, target).d2t)
+
+
+def rehash(folder: Path, key: str, value) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    meta[key] = value
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def test_tampered_or_mismatched_maps_are_refused(models, tmp_path):
+    cfg, target, _ = models
+    good = build_d2t(counts(), TOK, 40)
+    no_special = np.append(good[1:], good[-1] + 1)            # <|pad|> dropped, one more text token
+    folder = save_reduced(tmp_path / "a", cfg, target, no_special)
+    with pytest.raises(ConfigError, match="lacks the special tokens"):
+        io.load_draft(folder, cfg, target, TOK)
+    folder = save_reduced(tmp_path / "b", cfg, target)
+    rehash(folder, "d2t_sha256", d2t_sha256(good[::-1].copy()))
+    with pytest.raises(ConfigError, match="d2t sha256"):
+        io.load_draft(folder, cfg, target, TOK)
+    # the map rewritten inside the safetensors file, its file hash updated: d2t_sha256 still catches it
+    folder = save_reduced(tmp_path / "c", cfg, target)
+    file = folder / "draft.safetensors"
+    state = safetensors.torch.load_file(str(file))
+    state["d2t"] = state["d2t"].flip(0).contiguous()
+    safetensors.torch.save_file(state, str(file))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["modules"]["draft"].update(sha256=file_sha256(file), bytes=file.stat().st_size)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="does not match meta.json's d2t_sha256"):
+        io.load_draft(folder, cfg, target, TOK)
+
+
+def test_the_cli_exits_2_on_a_tampered_map(models, tmp_path):
+    cfg, target, expert = models
+    folder = tmp_path / "planner"
+    io.save(folder / "target", {"target": target}, cfg, {"kind": "target"})
+    io.save(folder / "expert", {"expert": expert}, cfg, {"kind": "expert"})
+    (folder / "tokenizer.json").write_bytes((ROOT / "checkpoints" / "tiny" / "tokenizer.json").read_bytes())
+    draft = save_reduced(folder, cfg, target)
+    rehash(draft, "d2t_sha256", "0" * 64)
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "--checkpoint", str(folder),
+                           "--scenes", "1", "--repeats", "1", "--ks", "2", "--no-adaptive",
+                           "--json", str(tmp_path / "b.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "d2t sha256" in proc.stderr, proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_torch_backend_greedy_speculative_equals_plain_and_q_is_zero_outside_the_head(models):
+    from runtime.backend import DraftSampling, PrefillInputs
+    from runtime.backends.torch import TorchBackend
+    from runtime.loop import GreedyRule, generate
+    from policies import FixedK
+
+    cfg, target, expert = models
+    d = reduced(cfg, target)
+    rcfg = ckpt.draft_config(cfg, "flat", 40)
+    be = TorchBackend(rcfg, target, expert, d, max_len=128)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        prompt = rng.integers(20, 300, 12)
+        plain, _, _ = generate(be, prompt, GreedyRule(), FixedK(0), max_new=24)
+        for k in (2, 5):
+            spec, _, _ = generate(be, prompt, GreedyRule(), FixedK(k), max_new=24)
+            assert spec == plain, f"k={k}: speculative {spec} != plain {plain}"
+    be.prefill(PrefillInputs(prompt, np.tile(np.arange(12), (3, 1)), 0), "argmax")
+    props, q = be.draft(prompt[-1:], 12, 4, DraftSampling(1.0, 1.0, rng.random(4)))
+    outside = np.setdiff1d(np.arange(len(TOK)), d.d2t.numpy())
+    assert np.isin(props, d.d2t.numpy()).all() and q[:, outside].max() == 0.0
+    assert np.allclose(q.sum(-1), 1.0)
