@@ -57,11 +57,12 @@ def llm_params(llm: LLMConfig) -> int:
 
 
 def draft_params(cfg: ModelConfig) -> int:
-    """Own weights only: fc (3D -> D) and in_proj (2D -> D) when fused, its layers, final norm."""
+    """Own weights only: fc (3D -> D) and in_proj (2D -> D) when fused, its layers, final norm,
+    and a reduced head's N x D rows (draft.vocab = N; a full head is the target's)."""
     llm = cfg.draft_llm()
     D = llm.hidden
     fused = len(cfg.draft.feature_layers) * D * D + 2 * D * D if cfg.draft.features == "fused" else 0
-    return fused + llm.layers * decoder_layer_params(llm) + D
+    return fused + llm.layers * decoder_layer_params(llm) + D + cfg.draft.vocab * D
 
 
 def expert_decoder_params(cfg: ModelConfig) -> int:
