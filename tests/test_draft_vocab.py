@@ -185,3 +185,43 @@ def test_torch_backend_greedy_speculative_equals_plain_and_q_is_zero_outside_the
     outside = np.setdiff1d(np.arange(len(TOK)), d.d2t.numpy())
     assert np.isin(props, d.d2t.numpy()).all() and q[:, outside].max() == 0.0
     assert np.allclose(q.sum(-1), 1.0)
+
+
+@pytest.mark.parametrize("draft_map", ["graph", "host"])
+def test_the_onnx_draft_chain_of_a_reduced_head_matches_torch(models, tmp_path, draft_map):
+    """The exported draft_chain graph (d2t in the graph, or head logits + host map) gives the
+    torch draft's masked logits and arg-max target id."""
+    ort = pytest.importorskip("onnxruntime")
+    from export import onnx as ex
+
+    cfg, target, expert = models
+    d = reduced(cfg, target)
+    host, V, D, L = draft_map == "host", len(TOK), cfg.target.llm.hidden, 64
+    shapes = {"vocab": V, "hidden": D, "head_dim": 32, "image_tokens": 4, "layers": 12, "kv_heads": 2,
+              "grid": [[1, 8, 12]], "patches": [96, 384]}
+    graphs = ex._graphs(target, expert, d, True, tuple(cfg.draft.feature_layers), shapes,
+                        ex.ExportConfig(max_len=L), host)
+    _, module, args, names, dyn = next(g for g in graphs if g[0] == "draft_chain")
+    ex._export(module.eval(), args, names, dyn, tmp_path / "chain.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "chain.onnx"), providers=["CPUExecutionProvider"])
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(1, 2, 1, 2, L, 32, generator=g)
+    ids, feats, start = torch.tensor([[int(d.d2t[30])]]), torch.randn(1, 1, D, generator=g), 20
+    cos, sin = d.rope(torch.tensor([[start]]))
+    allowed = ~torch.from_numpy(TOK.traj_mask())[None]
+    with torch.no_grad():
+        want, _ = d(ids, cos, sin, [[c.clone() for c in layer] for layer in cache], start, feats)
+    want = want[0, -1].masked_fill(~allowed[0], float("-inf")).numpy()
+    d2t = d.d2t.numpy()
+    logits, top, _, _ = sess.run(None, {"ids": ids.numpy(), "cos": cos.numpy(), "sin": sin.numpy(),
+                                        "cache": cache.numpy(), "start": np.array([start]),
+                                        "allowed": (allowed[:, d2t] if host else allowed).numpy(), "feats": feats.numpy()})
+    got, tid = logits[0, -1], int(top[0, -1])
+    if host:
+        full = np.full(V, -np.inf, np.float32)
+        full[d2t] = got
+        got, tid = full, int(d2t[tid])
+    fin = np.isfinite(want)
+    assert np.array_equal(fin, np.isfinite(got)) and fin.sum() <= 40
+    diff = float(np.abs(got[fin] - want[fin]).max())
+    assert diff < 1e-4 and tid == int(np.argmax(want)), f"max diff {diff}, ids {tid} vs {int(np.argmax(want))}"
