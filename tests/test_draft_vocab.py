@@ -225,3 +225,36 @@ def test_the_onnx_draft_chain_of_a_reduced_head_matches_torch(models, tmp_path, 
     assert np.array_equal(fin, np.isfinite(got)) and fin.sum() <= 40
     diff = float(np.abs(got[fin] - want[fin]).max())
     assert diff < 1e-4 and tid == int(np.argmax(want)), f"max diff {diff}, ids {tid} vs {int(np.argmax(want))}"
+
+
+def test_the_trtllm_draft_checkpoint_of_a_reduced_head_sees_full_vocabulary_ids(models, tmp_path):
+    """TensorRT-LLM's external draft returns full-vocabulary ids: the reduced head is written as a
+    (V, D) lm_head, its rows at their target ids and zero rows elsewhere; with the off-head ids
+    banned (the tensorrt-llm backend's bad words) its arg-max is the reduced draft's."""
+    import dataclasses
+
+    from engines import trtllm
+
+    cfg, target, _ = models
+    torch.manual_seed(2)
+    scfg = ckpt.draft_config(cfg, "flat-standalone", 40)
+    d = Draft(scfg, target.embed_tokens, target.lm_head).eval()
+    d.set_vocab(build_d2t(counts(), TOK, 40))
+    head = trtllm.full_vocab_head(d)
+    assert head.shape == target.lm_head.weight.shape
+    state = {**{k: v for k, v in d.state_dict().items() if k not in ("d2t", "vocab_head.weight")},
+             "embed_tokens.weight": target.embed_tokens.weight, "lm_head.weight": head}
+    llm = scfg.draft_llm()
+    config = trtllm.trtllm_config(llm, "draft", "float32", 256, fp8=False)
+    trtllm.write_checkpoint(tmp_path / "draft", config, trtllm.to_trtllm(state, llm, "float32"), {"role": "draft"})
+    full_cfg = dataclasses.replace(scfg, draft=dataclasses.replace(scfg.draft, vocab=0))
+    d2, _ = trtllm.read_draft(tmp_path / "draft", full_cfg)
+    ids, pos = torch.randint(20, 300, (1, 9), generator=torch.Generator().manual_seed(0)), torch.arange(9)[None]
+    with torch.no_grad():
+        want, _ = d(ids, *d.rope(pos))
+        got, _ = d2(ids, *d2.rope(pos))
+    inside = d.d2t
+    off = torch.ones(len(TOK), dtype=torch.bool)
+    off[inside] = False
+    assert torch.allclose(got[..., inside], want[..., inside], atol=1e-5) and torch.equal(got[..., off], torch.zeros_like(got[..., off]))
+    assert torch.equal(got.masked_fill(off, float("-inf")).argmax(-1), want.argmax(-1))
