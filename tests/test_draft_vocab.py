@@ -258,3 +258,22 @@ def test_the_trtllm_draft_checkpoint_of_a_reduced_head_sees_full_vocabulary_ids(
     off[inside] = False
     assert torch.allclose(got[..., inside], want[..., inside], atol=1e-5) and torch.equal(got[..., off], torch.zeros_like(got[..., off]))
     assert torch.equal(got.masked_fill(off, float("-inf")).argmax(-1), want.argmax(-1))
+
+
+def test_the_map_on_the_alpamayo_r1_special_token_layout():
+    """An Alpamayo-R1-layout tokenizer (Qwen's added tokens, <i*> trajectory tokens, the release's
+    specials after them; a merge-free byte-level stand-in for Qwen's BPE): the head keeps the
+    planner's special ids wherever they sit and no trajectory token."""
+    pytest.importorskip("tokenizers")
+    from prompt.hf_tokenizer import AlpamayoTokenizer
+    from test_alpamayo_release import TOKENS, qwen_alpamayo_tokenizer
+
+    tok = AlpamayoTokenizer(qwen_alpamayo_tokenizer(), dict(TOKENS))
+    c = token_counts(TEXTS, tok)
+    d2t = build_d2t(c, tok, len(kept_ids(tok)) + 10)
+    check_d2t(d2t, tok, "alpamayo layout")
+    assert tok.cot_end in d2t and tok.cot_end > tok.traj_ids.start, "specials after the <i*> block are kept"
+    assert not np.isin(d2t, np.arange(tok.traj_ids.start, tok.traj_ids.stop)).any()
+    with pytest.raises(ConfigError, match="trajectory tokens"):
+        check_d2t(np.append(d2t, tok.traj_ids.start), tok, "alpamayo layout")
+    assert 0 < coverage(c, d2t) < 1
