@@ -277,3 +277,36 @@ def test_the_map_on_the_alpamayo_r1_special_token_layout():
     with pytest.raises(ConfigError, match="trajectory tokens"):
         check_d2t(np.append(d2t, tok.traj_ids.start), tok, "alpamayo layout")
     assert 0 < coverage(c, d2t) < 1
+
+
+def test_graph_backends_check_the_exported_map_and_apply_a_host_map():
+    """runtime/backends/graphs.py: meta.json's draft_vocab is checked when a folder opens (hash,
+    tokenizer); with map "host" the mask rows are gathered to the head and the head's id and
+    logits are mapped back (q zero outside the head)."""
+    from runtime.backend import DraftSampling
+    from runtime.backends.graphs import GraphBackend
+
+    class Bare(GraphBackend):          # only the host logic under test
+        vision = prefill = draft = verify = action = None
+
+    d2t = build_d2t(counts(), TOK, 40)
+    be = Bare()
+    be.vocab_size = len(TOK)
+    good = {"n": 40, "map": "host", "d2t": d2t.tolist(), "d2t_sha256": d2t_sha256(d2t)}
+    be.init_draft_vocab("F", {"draft_vocab": good}, TOK)
+    assert be.host_map and np.array_equal(be.d2t, d2t)
+    for bad, match in (({**good, "d2t_sha256": "0" * 64}, "does not match"),
+                       ({**good, "d2t": d2t[1:].tolist(), "n": 39}, "lacks the special tokens"),
+                       ({**good, "map": "device"}, "map")):
+        with pytest.raises(ConfigError, match=match):
+            be.init_draft_vocab("F", {"draft_vocab": bad}, TOK)
+    be.init_draft_vocab("F", {"draft_vocab": good}, TOK)
+    be.set_mask(TOK.text_mask())
+    assert be.draft_allowed(5, 2).shape == (2, 40)
+    logits = np.linspace(-1, 1, 40).astype(np.float32)
+    assert be.draft_pick(39, logits, None, 0) == (int(d2t[39]), None)
+    tok, q = be.draft_pick(39, logits, DraftSampling(1.0, 1.0, np.array([0.5])), 0)
+    outside = np.setdiff1d(np.arange(len(TOK)), d2t)
+    assert tok in d2t and q[outside].max() == 0.0 and np.isclose(q.sum(), 1.0)
+    be.init_draft_vocab("F", {"draft_vocab": {}}, TOK)
+    assert be.d2t is None and not be.host_map
