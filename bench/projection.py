@@ -199,8 +199,10 @@ class Shapes:
             self.matmul(c, "fuse", T, len(cfg.draft.feature_layers) * D, D)
             self.matmul(c, "in_proj", T, 2 * D, D)
         self.decoder(c, llm, T, self._ctx(valid, max_len), llm.layers)
-        if logits_rows:
-            self.matmul(c, "lm_head", logits_rows, D, llm.vocab_size)
+        if logits_rows:   # a reduced head (draft.vocab = N): N rows, then its logits scattered to V (fp32)
+            self.matmul(c, "lm_head", logits_rows, D, cfg.draft.vocab or llm.vocab_size)
+            if cfg.draft.vocab:
+                c.add("d2t_scatter", 0, logits_rows * llm.vocab_size * 4)
         return c
 
     def vision(self, images: int, image_hw) -> Cost:

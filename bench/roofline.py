@@ -38,6 +38,13 @@ def load_devices(path: Path = DEVICES_FILE) -> DeviceFile:
     return load_yaml(DeviceFile, path)
 
 
+def with_draft_vocab(cfg, n: int):
+    """The preset with a reduced draft head of n rows (0: the target's head)."""
+    if not n:
+        return cfg
+    return dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, vocab=n))
+
+
 def default_profile(device: str) -> str:
     return "thor" if "thor" in device else "cpu" if device == "cpu" else "orin"
 
@@ -76,7 +83,7 @@ def run(args) -> int:
     from models.config import load_preset
     from runtime.config import load_planner_config
 
-    cfg = load_preset(args.preset)
+    cfg = with_draft_vocab(load_preset(args.preset), getattr(args, "draft_vocab", 0))
     dev, peaks = resolve_device(args)
     pcfg = load_planner_config(args.profile or default_profile(args.device))
     w = workload(args, cfg, pcfg, dict(load_devices().workloads.get(args.preset, {})))

@@ -46,6 +46,7 @@ from models import io
 from models.draft import Draft
 from models.names import check_names
 from prompt.config import ConfigError, file_sha256
+from prompt.draft_vocab import d2t_sha256
 
 TRTLLM_RELEASE = "1.0.0rc4"
 FORMAT = "specdrive-trtllm-checkpoint"
@@ -318,6 +319,17 @@ def write_build_script(out: Path, profile) -> Path:
 
 # --- the build step -------------------------------------------------------------------------------
 
+def full_vocab_head(draft: Draft) -> torch.Tensor:
+    """The (V, D) lm_head TensorRT-LLM's draft engine needs (it sees and returns full-vocabulary
+    ids): the target's head for a full-head draft; for a reduced head, its rows placed at their
+    target ids d2t and zero rows elsewhere (logit 0 there: the tensorrt-llm backend bans those
+    ids from the draft's generation as bad words, so it proposes inside the head only)."""
+    if not draft.cfg.vocab:
+        return draft.lm_head.weight
+    w = draft.vocab_head.weight
+    return torch.zeros(draft.llm.vocab_size, w.shape[1], dtype=w.dtype).index_copy(0, draft.d2t, w.detach())
+
+
 def standalone_draft(checkpoint: Path) -> Path:
     """The draft folder TensorRT-LLM can run as an external draft: features "none", rope "flat"."""
     _, drafts = io.scan_checkpoints(checkpoint)
@@ -355,7 +367,7 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
     dtype = profile.trtllm.dtype
     models = {"target": (target, cfg.target.llm, target.state_dict()),
               "draft": (draft, cfg.draft_llm(), {**draft.state_dict(), "embed_tokens.weight":
-                        target.embed_tokens.weight, "lm_head.weight": target.lm_head.weight})}
+                        target.embed_tokens.weight, "lm_head.weight": full_vocab_head(draft)})}
     sources = {"target": io.scan_checkpoints(checkpoint)[0].get("target"), "draft": draft_dir}
     entry = {"status": "written (trtllm-build not run: TensorRT-LLM is not installed here)",
              "release": TRTLLM_RELEASE, "calibration": calib, "checkpoints": {}}
@@ -366,6 +378,10 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
                 "source_sha256": io.read_meta(sources[role])["modules"],
                 "calibration": calib if fp8[role] else None, "cannot_build_at_release": limits(cfg, role)}
         meta["source_sha256"] = {m: e["sha256"] for m, e in meta["source_sha256"].items()}
+        if role == "draft" and draft.cfg.vocab:
+            d2t = draft.d2t.cpu().numpy()
+            meta["draft_vocab"] = {"n": int(draft.cfg.vocab), "d2t_sha256": d2t_sha256(d2t), "off_head":
+                                   "lm_head rows outside d2t are zero; the runtime bans them as bad words"}
         write_checkpoint(out / role, config, weights, meta)
         entry["checkpoints"][role] = {"dir": f"trtllm/{role}", "quant_algo": config["quantization"]["quant_algo"],
                                       "architecture": config["architecture"],

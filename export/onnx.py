@@ -45,12 +45,14 @@ from torch import nn
 from models import io
 from models.draft import Draft
 from prompt.config import ConfigError, file_sha256, to_dict
+from prompt.draft_vocab import d2t_sha256
 from prompt.meta import stamp_facts
 from prompt.pixels import images_to_patches
 
 OPSET = 18
 FORMAT = "specdrive-onnx"
 FORMAT_VERSION = 1
+DRAFT_MAPS = ("graph", "host")
 
 
 class VisionGraph(nn.Module):
@@ -129,13 +131,17 @@ class DraftPrefillGraph(nn.Module):
 
 
 class DraftFeedGraph(nn.Module):
-    def __init__(self, draft: Draft, fused: bool):
+    """head_only (a reduced head, draft map "host"): logits, allowed and argmax over the head's N
+    rows (head ids); otherwise over the target vocabulary (Draft.forward's scatter in the graph)."""
+
+    def __init__(self, draft: Draft, fused: bool, head_only: bool = False):
         super().__init__()
-        self.draft, self.fused = draft, fused
+        self.draft, self.fused, self.head_only = draft, fused, head_only
 
     def forward(self, ids, cos, sin, cache, start, allowed, feats=None):
         cache = per_layer(cache)
-        logits, hidden = self.draft(ids, cos, sin, cache, start, feats if self.fused else None)
+        logits, hidden = self.draft(ids, cos, sin, cache, start, feats if self.fused else None,
+                                    head_only=self.head_only)
         return (*masked(logits, allowed), hidden, new_rows(cache, start, ids.shape[1]))
 
 
@@ -167,6 +173,13 @@ class ExportConfig:
     cameras: int = 4
     frames: int = 2
     image_hw: tuple = (64, 96)
+    draft_map: str = "graph"      # a reduced draft head: "graph" (draft graphs scatter its logits to
+                                  # the target vocabulary, return target ids) or "host" (they return the
+                                  # head's N logits and head ids; the host maps them with meta's d2t)
+
+    def __post_init__(self):
+        if self.draft_map not in DRAFT_MAPS:
+            raise ConfigError(f"draft_map {self.draft_map!r}: allowed {list(DRAFT_MAPS)}")
 
 
 def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfig, progress=print) -> dict:
@@ -176,18 +189,20 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
     name = draft or ("flat" if "flat" in drafts else next(iter(drafts), None))
     if name not in drafts:
         raise ConfigError(f"--draft {name!r}: {checkpoint} has the drafts {sorted(drafts)}")
-    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target)
+    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target, tok)
     out.mkdir(parents=True, exist_ok=True)
     shapes = _shapes(mcfg, cfg, tok)
     fused = mcfg.draft.features == "fused"
     layers = tuple(mcfg.draft.feature_layers) if fused else ()
     graphs = {}
-    for gname, module, args, names, dyn in _graphs(target, expert, dmodel, fused, layers, shapes, cfg):
+    host_map = bool(mcfg.draft.vocab) and cfg.draft_map == "host"
+    for gname, module, args, names, dyn in _graphs(target, expert, dmodel, fused, layers, shapes, cfg, host_map):
         t0 = time.perf_counter()
         graphs[gname] = _export(module.eval(), args, names, dyn, out / f"{gname}.onnx")
         progress(f"exported {gname}.onnx ({time.perf_counter() - t0:.1f} s)")
     shutil.copy(Path(checkpoint) / "tokenizer.json", out / "tokenizer.json")
-    meta = stamp_facts(_meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok))
+    meta = _meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok)
+    meta = stamp_facts({**meta, "draft_vocab": draft_vocab_meta(dmodel, cfg.draft_map)})
     (out / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
 
@@ -207,7 +222,7 @@ def _shapes(mcfg, cfg: ExportConfig, tok) -> dict:
             "head_dim": llm.head_dim}
 
 
-def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig):
+def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig, host_map: bool = False):
     """(name, module, example args, (input names, output names), dynamic axes) per graph."""
     T, V, D, hd, N = 7, s["vocab"], s["hidden"], s["head_dim"], s["image_tokens"]
     dl = draft.llm
@@ -239,20 +254,21 @@ def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig):
     dp_args = (pids, torch.ones(1, N + 3, dl.head_dim), torch.zeros(1, N + 3, dl.head_dim), img[0])
     dp_names = ["ids", "cos", "sin", "image_embeds"]
     dp_dyn = {"ids": row, "cos": row, "sin": row, "image_embeds": None}
-    feed_args = (ids, dcos, dsin, dcache, start, allowed)
+    feed_args = (ids, dcos, dsin, dcache, start,
+                 torch.ones(T, draft.cfg.vocab, dtype=torch.bool) if host_map else allowed)
     feed_names = ["ids", "cos", "sin", "cache", "start", "allowed"]
     feed_dyn = {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}
     outs = ["logits", "argmax", "hidden", "new_kv"]
     if fused:
         out.append(("draft_prefill", DraftPrefillGraph(draft, True), (*dp_args, torch.randn(1, N + 3, F)),
                     (dp_names + ["feats"], ["kv"]), {**dp_dyn, "feats": row}))
-        out.append(("draft_feed", DraftFeedGraph(draft, True), (*feed_args, torch.randn(1, T, F)),
+        out.append(("draft_feed", DraftFeedGraph(draft, True, host_map), (*feed_args, torch.randn(1, T, F)),
                     (feed_names + ["feats"], outs), {**feed_dyn, "feats": row}))
-        out.append(("draft_chain", DraftFeedGraph(draft, True), (*feed_args, torch.randn(1, T, D)),
+        out.append(("draft_chain", DraftFeedGraph(draft, True, host_map), (*feed_args, torch.randn(1, T, D)),
                     (feed_names + ["feats"], outs), {**feed_dyn, "feats": row}))
     else:
         out.append(("draft_prefill", DraftPrefillGraph(draft, False), dp_args, (dp_names, ["kv"]), dp_dyn))
-        out.append(("draft_feed", DraftFeedGraph(draft, False), feed_args, (feed_names, outs), feed_dyn))
+        out.append(("draft_feed", DraftFeedGraph(draft, False, host_map), feed_args, (feed_names, outs), feed_dyn))
     B, R = cfg.samples, 11
     ctx = torch.randn(s["layers"], 2, 1, s["kv_heads"], R, hd)
     out.append(("action_velocity", VelocityGraph(expert),
@@ -305,6 +321,15 @@ def graph_io(path: Path) -> dict:
         shape = [d.dim_param or d.dim_value for d in t.shape.dim]
         return {"name": v.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(t.elem_type).name}
     return {"inputs": [spec(v) for v in g.input], "outputs": [spec(v) for v in g.output]}
+
+
+def draft_vocab_meta(draft: Draft, draft_map: str) -> dict:
+    """meta.json's draft_vocab: {} for a full head; else N, the map, its hash and where it is
+    applied ("graph": inside the draft graphs; "host": by the backend)."""
+    if not draft.cfg.vocab:
+        return {}
+    d2t = draft.d2t.cpu().numpy()
+    return {"n": int(draft.cfg.vocab), "map": draft_map, "d2t": d2t.tolist(), "d2t_sha256": d2t_sha256(d2t)}
 
 
 def _meta(checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, shapes, graphs, tok) -> dict:

@@ -107,7 +107,11 @@ def rollout(draft: Draft, prefix: torch.Tensor, feats, image_embeds, n: int, tex
     hidden as feature, sampled at `temperature` over the `text` (V,) bool tokens. Samples `n`
     tokens per group member (tokens None) or scores the given tokens (G, n). The chain's keys
     grow by concatenation, not in a cache buffer: autograd keeps every step's keys.
-    Returns (tokens (G, n), log q of each (G, n))."""
+    Returns (tokens (G, n), log q of each (G, n)). A reduced-head draft (draft.vocab) is refused:
+    its samples would be head ids, and AARL scores target ids."""
+    if draft.cfg.vocab:
+        raise ValueError(f"rollout: a draft with a reduced head ({draft.cfg.vocab} rows) is not supported "
+                         "(AARL post-trains full-head drafts)")
     T = prefix.shape[1]
     pos = torch.arange(T + n, device=prefix.device)[None]
     cos, sin = draft.rope(pos)

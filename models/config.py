@@ -6,7 +6,8 @@ Public API (stable; models/draft.py, models/action_expert.py and train/ build on
     LLMConfig      decoder LLM (GQA, RMSNorm, SwiGLU; q/k norm or qkv bias; M-RoPE settings)
     TargetConfig   VisionConfig + LLMConfig + the special token ids the forward needs
     DraftConfig    routine reasoner: layers, rope "flat"|"mrope", features "fused"|"none",
-                   feature_layers (low, mid, top) = target layers whose outputs it reads
+                   feature_layers (low, mid, top) = target layers whose outputs it reads,
+                   vocab (0: the target's LM head; N: a reduced head over N target tokens)
     ExpertConfig   flow-matching action expert (its layer count = the target's layer count)
     ModelConfig    (target, draft, expert); `draft_llm()` gives the draft decoder's LLMConfig
     load_preset(name_or_path) -> ModelConfig   reads configs/models/NAME.yaml
@@ -137,9 +138,12 @@ class DraftConfig:
     rope: str = "flat"
     features: str = "fused"
     feature_layers: tuple[int, ...] = ()   # () = default low/mid/top for the target depth
+    vocab: int = 0      # draft LM head rows: 0 = the target's head (shared); N = its own head over
+                        # N target tokens, mapped to target ids by the d2t buffer (models/draft.py)
 
     def __post_init__(self):
         check_range("draft.layers", self.layers, lo=1)
+        check_range("draft.vocab", self.vocab, lo=0)
         check_choice("draft.rope", self.rope, ("flat", "mrope"))
         check_choice("draft.features", self.features, ("fused", "none"))
 
@@ -195,6 +199,9 @@ class ModelConfig:
         if self.draft.features == "fused" and len(self.draft.feature_layers) != 3:
             raise ConfigError(f"draft.feature_layers={list(self.draft.feature_layers)} must "
                               "name 3 target layers (low, mid, top) when features='fused'")
+        if self.draft.vocab > llm.vocab_size:
+            raise ConfigError(f"draft.vocab={self.draft.vocab} must be 0 (the target's head) or at most "
+                              f"the target's vocab_size={llm.vocab_size}")
         if self.expert.head_dim != llm.head_dim:
             raise ConfigError(f"expert.hidden/heads={self.expert.head_dim} must equal the "
                               f"target head_dim={llm.head_dim} (the expert reads its K/V)")

@@ -13,6 +13,13 @@ Inputs per row j (cache row start + j):
     first layer input = in_proj([x_j, f_j]);  features="none": the first layer input is x_j
 Output: logits (B, T, V) = lm_head(norm(hidden)), hidden (B, T, D) the last layer's residual.
 
+Reduced head (cfg.draft.vocab = N > 0, EAGLE-3 / FR-Spec): the draft has its own head
+vocab_head (N, D) over N target tokens and the buffer d2t (N,) int64, draft id i -> target id
+d2t[i] (saved with the draft's weights). `head` gives the N logits of the draft's own head;
+`forward` scatters them to the target vocabulary, -inf outside the head, so q = softmax is
+exactly zero there and every caller (backends, export, sampling) sees target ids and (B, T, V).
+`forward(..., head_only=True)` returns the (B, T, N) head logits (the map then is the caller's).
+
 Alignment (EAGLE): row j holds token ids_j and the feature of the state *before* it, i.e. the
 target's hidden states at position j - 1 (the state whose logits produced ids_j); row j
 predicts ids_{j+1}. `shift_features` builds that from target hiddens: out[:, j] = feats[:, j-1],
@@ -54,6 +61,9 @@ class Draft(nn.Module):
             self.in_proj = nn.Linear(2 * D, D, bias=False)
         self.layers = nn.ModuleList(DecoderBlock(self.llm) for _ in range(self.llm.layers))
         self.norm = RMSNorm(D, self.llm.norm_eps)
+        if self.cfg.vocab:
+            self.vocab_head = nn.Linear(D, self.cfg.vocab, bias=False)
+            self.register_buffer("d2t", torch.arange(self.cfg.vocab))      # (N,) draft id -> target id
         self.apply(_init_weights)
 
     @property
@@ -72,6 +82,25 @@ class Draft(nn.Module):
             p.requires_grad_(False)
         return other.eval()
 
+    def set_vocab(self, d2t) -> None:
+        """Set the reduced head's map d2t (N,) target ids and start its rows as the target head's
+        rows d2t (the initialisation that distillation then trains)."""
+        d2t = torch.as_tensor(d2t, dtype=torch.long, device=self.norm.weight.device)
+        if not self.cfg.vocab or tuple(d2t.shape) != (self.cfg.vocab,):
+            raise ValueError(f"d2t of shape {tuple(d2t.shape)}: this draft has a head of "
+                             f"{self.cfg.vocab or 'the target'}'s rows (draft.vocab={self.cfg.vocab})")
+        with torch.no_grad():
+            self.d2t.copy_(d2t)
+            self.vocab_head.weight.copy_(self.lm_head.weight[d2t])
+
+    def to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Head logits (..., N) -> target-vocabulary logits (..., V), -inf outside the head
+        (a full head: unchanged)."""
+        if not self.cfg.vocab:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.llm.vocab_size), float("-inf"))
+        return full.index_copy(-1, self.d2t, logits)
+
     def rope(self, position_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) flat ids (or (3, B, T) M-RoPE ids for rope="mrope") -> cos, sin (B, T, head_dim)."""
         llm = self.llm
@@ -87,18 +116,20 @@ class Draft(nn.Module):
 
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: torch.Tensor | None = None, start=0,
-                features: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                features: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None,
+                head_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T), cos/sin (B, T, head_dim), cache (layers, 2, B, KVH, max_len, hd) or None
         (then causal over the T rows), features (B, T, 3D) | (B, T, D) | None (features="none")
-        -> logits (B, T, V), hidden (B, T, D). The cache contract is the target's: rows
-        start..start+T-1 written by index, attention over all max_len rows under a mask."""
+        -> logits (B, T, V) (head_only: the head's own (B, T, N)), hidden (B, T, D). The cache
+        contract is the target's: rows start..start+T-1 written by index, attention over all
+        max_len rows under a mask."""
         x = self.inputs(ids, features, image_embeds)
         rows, mask = (None, None) if cache is None else \
             cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask)
-        return self.head(x), x
+        logits = self.head(x)
+        return (logits if head_only else self.to_target(logits)), x
 
     def inputs(self, ids: torch.Tensor, features: torch.Tensor | None,
                image_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,8 +146,10 @@ class Draft(nn.Module):
         return x
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Last layer's residual (B, T, D) -> logits (B, T, V) through the target's head."""
-        return self.lm_head(self.norm(hidden))
+        """Last layer's residual (B, T, D) -> logits (B, T, V) through the target's head, or
+        (B, T, N) through the draft's own reduced head (map them with `to_target` / d2t)."""
+        head = self.vocab_head if self.cfg.vocab else self.lm_head
+        return head(self.norm(hidden))
 
     def _fuse(self, features: torch.Tensor | None, shape) -> torch.Tensor:
         D, n = self.llm.hidden, len(self.cfg.feature_layers)

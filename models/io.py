@@ -30,6 +30,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Mapping
 
+import numpy as np
 import safetensors.torch
 import torch
 
@@ -39,6 +40,7 @@ from models.draft import Draft
 from models.names import CheckpointError, check_names  # noqa: F401  (re-exported: io.CheckpointError)
 from models.target import Target
 from prompt.config import ConfigError, file_sha256, from_dict, to_dict
+from prompt.draft_vocab import check_d2t, d2t_sha256
 # read_meta and scan_checkpoints are prompt.meta's (io.scan_checkpoints reads a planner folder)
 from prompt.meta import CHECKPOINT_FORMAT, META, MODEL_KINDS, read_meta, scan_checkpoints  # noqa: F401
 from prompt.tokenizer import load_tokenizer
@@ -286,6 +288,9 @@ def load_models(ckpts: Mapping[str, Path], tok):
     target, expert = Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm)
     draft = None
     if "planner" in ckpts:
+        if cfg.draft.vocab:
+            raise ConfigError(f"{main}: a planner checkpoint with a reduced draft head is not supported; "
+                              "keep the draft in its own folder (kind 'draft')")
         draft = Draft(cfg, target.embed_tokens, target.lm_head)
         load_into(main, {"target": target, "draft": draft, "expert": expert}, kind="planner")
         return cfg, target.eval(), expert.eval(), draft.eval()
@@ -294,13 +299,14 @@ def load_models(ckpts: Mapping[str, Path], tok):
         raise ConfigError(f"{main.parent}: no action expert checkpoint (meta.json kind 'expert')")
     load_into(ckpts["expert"], {"expert": expert}, kind="expert")
     if "draft" in ckpts:
-        cfg, draft, _ = load_draft(ckpts["draft"], cfg, target)
+        cfg, draft, _ = load_draft(ckpts["draft"], cfg, target, tok)
     return cfg, target.eval(), expert.eval(), draft
 
 
-def load_draft(folder, cfg: config_module.ModelConfig, target: Target):
+def load_draft(folder, cfg: config_module.ModelConfig, target: Target, tok=None):
     """A draft checkpoint for `target` (sharing its embedding and LM head) -> (cfg with the
-    draft's DraftConfig, draft (eval mode), meta)."""
+    draft's DraftConfig, draft (eval mode), meta). A reduced-head draft's d2t map is checked
+    against meta.json (draft_vocab, d2t_sha256) and, when `tok` is given, the tokenizer."""
     _, dcfg, meta = load(folder, kind="draft")
     if dcfg.target != cfg.target:
         raise ConfigError(f"{folder}: this draft was trained for a different target (its "
@@ -308,7 +314,25 @@ def load_draft(folder, cfg: config_module.ModelConfig, target: Target):
     cfg = dataclasses.replace(cfg, draft=dcfg.draft)
     draft = Draft(cfg, target.embed_tokens, target.lm_head)
     load_into(folder, {"draft": draft}, kind="draft")
+    if dcfg.draft.vocab:
+        check_draft_vocab(draft, meta, tok, f"{folder}/draft.safetensors")
     return cfg, draft.eval(), meta
+
+
+def check_draft_vocab(draft: Draft, meta: Mapping, tok, where: str) -> None:
+    """A reduced head's d2t must be what meta.json recorded and fit the tokenizer (ids in range,
+    no duplicates, the special tokens kept, no trajectory token): else ConfigError."""
+    n, sha = draft.cfg.vocab, meta.get("d2t_sha256")
+    if meta.get("draft_vocab") != n or not isinstance(sha, str):
+        raise ConfigError(f"{where}: a {n}-row draft head needs meta.json draft_vocab {n} and d2t_sha256; "
+                          f"found draft_vocab {meta.get('draft_vocab')!r}, d2t_sha256 {sha!r}")
+    d2t = draft.d2t.cpu().numpy()
+    if tok is not None:
+        check_d2t(d2t, tok, where, sha)
+    elif d2t_sha256(d2t) != sha or d2t.min() < 0 or d2t.max() >= draft.llm.vocab_size \
+            or np.unique(d2t).size != d2t.size:
+        raise ConfigError(f"{where}: d2t does not match meta.json's d2t_sha256 or is not a map into "
+                          f"[0, {draft.llm.vocab_size}) without repeats")
 
 
 def load_planner(folder) -> tuple[Tokenizer, config_module.ModelConfig, Target, ActionExpert]:

@@ -3,7 +3,8 @@ and the measured cost ratio c = (draft step time) / (target step time).
 
     param_counts(cfg) -> {"vision", "llm", "target", "draft", "expert", "expert_decoder", "total"}
     kv_cache_bytes(cfg, batch, max_len, bytes_per_value=2) -> {"target", "draft"}
-    step_cost_ratio(cfg, cached=400, runs=200) -> dict with c and the median step times
+    step_cost_ratio(cfg, cached=400, runs=200, draft_vocabs=(0,), target_layers=0)
+        -> dict with c and the median step times (per draft head size: by_vocab)
 
 Each count mirrors one module's constructor (vision.py, layers.py, target.py, draft.py,
 action_expert.py); tests/test_sizes.py holds them equal to sum(p.numel()) of allocated models.
@@ -18,6 +19,7 @@ import torch
 
 from models.action_expert import expert_llm, in_proj_shape
 from models.config import LLMConfig, ModelConfig, VisionConfig
+from prompt.config import ConfigError
 
 
 def linear(n_in: int, n_out: int, bias: bool = True) -> int:
@@ -55,11 +57,12 @@ def llm_params(llm: LLMConfig) -> int:
 
 
 def draft_params(cfg: ModelConfig) -> int:
-    """Own weights only: fc (3D -> D) and in_proj (2D -> D) when fused, its layers, final norm."""
+    """Own weights only: fc (3D -> D) and in_proj (2D -> D) when fused, its layers, final norm,
+    and a reduced head's N x D rows (draft.vocab = N; a full head is the target's)."""
     llm = cfg.draft_llm()
     D = llm.hidden
     fused = len(cfg.draft.feature_layers) * D * D + 2 * D * D if cfg.draft.features == "fused" else 0
-    return fused + llm.layers * decoder_layer_params(llm) + D
+    return fused + llm.layers * decoder_layer_params(llm) + D + cfg.draft.vocab * D
 
 
 def expert_decoder_params(cfg: ModelConfig) -> int:
@@ -99,28 +102,83 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, max_len: int, bytes_per_value: 
 
 @torch.inference_mode()
 def step_cost_ratio(cfg: ModelConfig, cached: int = 400, runs: int = 200, warmup: int = 20,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, draft_vocabs=(0,), target_layers: int = 0) -> dict:
     """Median wall time of one decode step (batch 1, one new token after `cached` rows) of the
     draft and of the target, on CPU in float32, and c = draft / target. Cache contents are
-    random: the step's cost does not depend on them."""
+    random: the step's cost does not depend on them.
+
+    draft_vocabs: the draft head sizes to time (0 = the target's shared head; N = a reduced head
+    of N rows whose logits are scattered to the target vocabulary, as Draft.forward does), one
+    draft each, sharing one decoder layer. target_layers: 0 builds the whole target; M > 0
+    builds only M of its layers (a target too large for this machine's memory) and gives the
+    whole target's step as head + L x (M-layer step - head) / M, the head (embedding, final
+    norm, LM head) timed on its own in the same loop ("target_s_how" says which)."""
     from models.draft import Draft
     from models.target import Target
 
+    L = cfg.target.llm.layers
+    if target_layers and not 1 <= target_layers < L:
+        raise ConfigError(f"target_layers={target_layers}: 0 (the whole target) or 1..{L - 1}")
+    built = _truncated(cfg, target_layers) if target_layers else cfg
     torch.manual_seed(seed)
-    target = Target(cfg.target).eval()
-    draft = Draft(cfg, target.embed_tokens, target.lm_head).eval()
+    target = Target(built.target).eval()
     tcache = torch.randn_like(target.new_cache(1, cached + 1))
-    dcache = torch.randn_like(draft.new_cache(1, cached + 1))
     ids = torch.tensor([[1]])
     tcos, tsin = target.rope(torch.full((3, 1, 1), cached))
-    dcos, dsin = draft.rope(torch.full((1, 1), cached))
+    steps = [lambda: target(ids, tcos, tsin, tcache, cached)]
+    if target_layers:
+        x = torch.randn(1, 1, cfg.target.llm.hidden)
+        steps.append(lambda: target.head(x + target.embed_tokens(ids)))
+    drafts = _drafts(built, target, draft_vocabs)
+    dcache = torch.randn_like(drafts[0].new_cache(1, cached + 1))
+    dcos, dsin = drafts[0].rope(torch.full((1, 1), cached))
     n_feats = len(cfg.draft.feature_layers) if cfg.draft.features == "fused" else 0
     feats = torch.randn(1, 1, n_feats * cfg.target.llm.hidden) if n_feats else None
-    target_s, draft_s = _median_times([lambda: target(ids, tcos, tsin, tcache, cached),
-                                       lambda: draft(ids, dcos, dsin, dcache, cached, feats)],
-                                      runs, warmup)
-    return {"c": draft_s / target_s, "draft_s": draft_s, "target_s": target_s,
-            "cached": cached, "runs": runs, "threads": torch.get_num_threads()}
+    steps += [(lambda d=d: d(ids, dcos, dsin, dcache, cached, feats)) for d in drafts]
+    times = _median_times(steps, runs, warmup)
+    target_s, how = times[0], "the whole target"
+    if target_layers:
+        head_s = times[1]
+        target_s = head_s + L * (times[0] - head_s) / target_layers
+        how = f"{target_layers} of {L} layers built: head {head_s:.4f} s + {L} x (step - head) / {target_layers}"
+    draft_s = times[-len(drafts):]
+    per = [{"draft_vocab": n or cfg.target.llm.vocab_size, "c": t / target_s, "draft_s": t}
+           for n, t in zip(draft_vocabs, draft_s)]
+    return {**per[0], "target_s": target_s, "target_s_how": how, "cached": cached, "runs": runs,
+            "threads": torch.get_num_threads(), **({"by_vocab": per} if len(per) > 1 else {})}
+
+
+def _truncated(cfg: ModelConfig, layers: int) -> ModelConfig:
+    """cfg with only `layers` target layers (the draft reads features of layers it has)."""
+    import dataclasses
+
+    llm = dataclasses.replace(cfg.target.llm, layers=layers)
+    feats = (0, layers // 2, layers - 1) if cfg.draft.features == "fused" else ()
+    return dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, llm=llm),
+                               draft=dataclasses.replace(cfg.draft, feature_layers=feats))
+
+
+def _drafts(cfg: ModelConfig, target, vocabs) -> list:
+    """One draft per head size, all sharing the first one's decoder layers (memory); a reduced
+    head maps to evenly spread target ids (for cost, which ids does not matter)."""
+    import dataclasses
+
+    from models.draft import Draft
+
+    V, out = cfg.target.llm.vocab_size, []
+    for n in vocabs:
+        if not 0 <= n <= V:
+            raise ConfigError(f"draft vocab {n}: 0 (the target's head) or 1..{V}")
+        d = Draft(dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, vocab=n)),
+                  target.embed_tokens, target.lm_head).eval()
+        if n:
+            d.set_vocab(torch.arange(n) * V // n)
+        if out:
+            d.layers = out[0].layers
+            if cfg.draft.features == "fused":
+                d.fc, d.in_proj = out[0].fc, out[0].in_proj
+        out.append(d)
+    return out
 
 
 def _median_times(steps, runs: int, warmup: int) -> list[float]:

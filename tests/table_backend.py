@@ -32,7 +32,8 @@ class TableBackend(Backend):
 
     def __init__(self, vocab_size: int, max_len: int = 512, dim: int = 16, seed: int = 0,
                  draft_noise: float = 0.0, stop_id: int | None = None, stop_slope: float = 0.0,
-                 patch: int = 8, merge: int = 2, clock=None, costs: dict | None = None):
+                 patch: int = 8, merge: int = 2, clock=None, costs: dict | None = None,
+                 draft_head=None):
         if vocab_size < 2 or max_len < 2:
             raise ConfigError(f"table backend: vocab_size={vocab_size} and max_len={max_len} must be >= 2")
         rng = np.random.default_rng(seed)
@@ -41,6 +42,9 @@ class TableBackend(Backend):
         self.P = rng.normal(0, 0.5, (N_POS, dim)).astype(np.float32)
         self.W = rng.normal(0, 1, (dim, vocab_size)).astype(np.float32)
         self.W_draft = (self.W + draft_noise * rng.normal(0, 1, self.W.shape)).astype(np.float32)
+        # a reduced draft head (d2t target ids): the draft's logits are -inf outside it, as
+        # models.draft.Draft.to_target scatters them, so its q is zero there
+        self.draft_head = None if draft_head is None else np.isin(np.arange(vocab_size), draft_head)
         self.img_proj = rng.normal(0, 1, (3, dim)).astype(np.float32)
         self.act_proj = rng.normal(0, 0.3, (dim, 2 * FUT_WAYPOINTS)).astype(np.float32)
         self.stop_id, self.stop_slope = stop_id, float(stop_slope)
@@ -92,6 +96,8 @@ class TableBackend(Backend):
         for i in range(k):
             self.check_rows(start, len(tokens))
             row = self._forward(self.draft_cache, self.W_draft, tokens, start, None)[-1:]
+            if self.draft_head is not None:
+                row = np.where(self.draft_head, row, -np.inf)
             row = self._masked(row, start + len(tokens))[0]
             if sampling is None:
                 out[i] = int(np.argmax(row))

@@ -94,3 +94,16 @@ def test_validation_rows_are_measured_over_projected():
     rows = {r["stage"]: r for r in validate(cfg, dev, w, stats)}
     assert rows["vision"]["ratio"] == pytest.approx(2.0)
     assert "draft step (1 token)" not in rows and "verify width 5" in rows
+
+
+def test_the_draft_head_bytes_and_flops_scale_with_the_draft_vocabulary():
+    cfg = load_preset("edge-2b")
+    steps = {}
+    for n in (0, 32768, 4096):
+        c = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, vocab=n))
+        steps[n] = Shapes(c, "fp16", "engine").draft(1, 400, 4096, 1)
+    head = {n: next(o for o in s.ops if o.name == "lm_head") for n, s in steps.items()}
+    D, V = cfg.target.llm.hidden, cfg.target.llm.vocab_size
+    assert head[0].flops == 2 * D * V and head[4096].flops == 2 * D * 4096
+    assert head[32768].bytes == pytest.approx(head[0].bytes * 32768 / V, rel=0.01)
+    assert steps[0].ms(DEV, "fp16") > steps[32768].ms(DEV, "fp16") > steps[4096].ms(DEV, "fp16")

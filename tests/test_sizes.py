@@ -11,6 +11,7 @@ from models.config import ExpertConfig, LLMConfig, ModelConfig, TargetConfig, Vi
 from models.draft import Draft
 from models.sizes import kv_cache_bytes, param_counts, step_cost_ratio
 from models.target import Target
+from prompt.config import ConfigError
 
 
 def qwen25_variant() -> ModelConfig:
@@ -70,3 +71,19 @@ def test_step_cost_ratio_runs():
     out = step_cost_ratio(load_preset("tiny"), cached=64, runs=20, warmup=5)
     assert out["target_s"] > 0 and out["draft_s"] > 0
     assert out["c"] < 0.6, f"1-layer draft step should cost well under a 12-layer target step: {out}"
+
+
+def test_a_reduced_draft_head_is_counted_and_timed_per_vocabulary():
+    cfg = load_preset("tiny")
+    small = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, vocab=64))
+    target = Target(small.target)
+    draft = Draft(small, target.embed_tokens, target.lm_head)
+    assert param_counts(small)["draft"] == sum(p.numel() for p in draft.parameters())
+    assert param_counts(small)["draft"] - param_counts(cfg)["draft"] == 64 * cfg.target.llm.hidden
+    out = step_cost_ratio(cfg, cached=32, runs=5, warmup=1, draft_vocabs=(0, 64), target_layers=3)
+    assert [r["draft_vocab"] for r in out["by_vocab"]] == [cfg.target.llm.vocab_size, 64]
+    assert out["target_s"] > 0 and "3 of 12 layers" in out["target_s_how"]
+    with pytest.raises(ConfigError, match="target_layers"):
+        step_cost_ratio(cfg, runs=1, warmup=0, target_layers=12)
+    with pytest.raises(ConfigError, match="draft vocab"):
+        step_cost_ratio(cfg, runs=1, warmup=0, draft_vocabs=(10 ** 6,))

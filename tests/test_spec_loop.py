@@ -124,11 +124,12 @@ def exact_joint(be, prompt, n, temperature, top_p):
     return probs
 
 
-def sampled_z(top_p: float) -> float:
-    """Chi-square z of 6000 sampled 4-token outputs (k = 3, vocab 4) against the exact joint."""
+def sampled_z(top_p: float, draft_head=None) -> float:
+    """Chi-square z of 6000 sampled 4-token outputs (k = 3, vocab 4) against the exact joint;
+    draft_head: the target ids of a reduced draft head (its q is zero outside them)."""
     from test_spec_rules import chi2_z
 
-    be = TableBackend(4, max_len=32, seed=3, draft_noise=1.0)
+    be = TableBackend(4, max_len=32, seed=3, draft_noise=1.0, draft_head=draft_head)
     prompt, n, temperature = np.array([1, 2, 0, 3]), 4, 0.8
     exact = exact_joint(be, prompt, n, temperature, top_p)
     rng = np.random.default_rng(11)
@@ -145,6 +146,19 @@ def sampled_z(top_p: float) -> float:
 def test_sampled_speculative_output_follows_the_target_joint_distribution(top_p):
     z = sampled_z(top_p)
     assert z < 4.0, f"sampled sequences do not follow the target (chi-square z={z:.1f})"
+
+
+def test_sampled_output_is_exact_with_a_reduced_draft_head():
+    """A draft head over 2 of the 4 tokens (q = 0 on tokens 1 and 2): the target still writes
+    tokens 1 and 2 (through the residual max(0, p - q)), with the target's joint distribution."""
+    be = TableBackend(4, max_len=32, seed=3, draft_noise=1.0, draft_head=[0, 3])
+    prompt = np.array([1, 2, 0, 3])
+    be.prefill(PrefillInputs(prompt, np.tile(np.arange(4), (3, 1)), 0), "logits")
+    from runtime.backend import DraftSampling
+    props, q = be.draft(prompt[-1:], 4, 3, DraftSampling(0.8, 1.0, np.random.default_rng(0).random(3)))
+    assert set(props.tolist()) <= {0, 3} and np.all(q[:, [1, 2]] == 0), (props, q)
+    z = sampled_z(1.0, draft_head=[0, 3])
+    assert z < 4.0, f"sampled sequences do not follow the target with a reduced draft head (chi-square z={z:.1f})"
 
 
 def test_the_joint_distribution_test_catches_a_wrong_rule(monkeypatch):

@@ -26,6 +26,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--profile", default="cpu", help="planner profile: prompt shapes, draws, max_len")
     o.add_argument("--max-len", type=int, default=None, help="cache rows (default: the profile's)")
     o.add_argument("--k-max", type=int, default=None, help="largest draft length (default: the profile's)")
+    o.add_argument("--draft-map", default="graph", choices=("graph", "host"),
+                   help="a reduced draft head: its d2t map inside the draft graphs (default) or on the host")
     o.set_defaults(run=run)
 
 
@@ -35,7 +37,8 @@ def run(args) -> int:
     prof = load_planner_config(args.profile)
     cfg = ExportConfig(max_len=args.max_len or prof.max_len, k_max=args.k_max or prof.spec.k_max,
                        samples=prof.trajectory_samples, combine=prof.trajectory_combine,
-                       cameras=len(prof.cameras), frames=prof.frames, image_hw=tuple(prof.image_hw))
+                       cameras=len(prof.cameras), frames=prof.frames, image_hw=tuple(prof.image_hw),
+                       draft_map=args.draft_map)
     if cfg.max_len < 64 or cfg.k_max < 1:
         raise ConfigError(f"--max-len {cfg.max_len} / --k-max {cfg.k_max}: need max_len >= 64, k_max >= 1")
     if args.out.exists() and not args.out.is_dir():

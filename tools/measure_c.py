@@ -1,32 +1,63 @@
 """Measure c = (draft decode step time) / (target decode step time) for a model preset.
 
     python -m tools.measure_c --preset tiny --cached 400 --runs 500 [--threads 1]
+                              [--draft-vocab N[,N...]] [--target-layers M]
 
 CPU, float32, batch 1, one new token after `cached` cache rows, median of `runs` timed steps
-(models.sizes.step_cost_ratio). Prints one JSON line.
+(models.sizes.step_cost_ratio), random weights. --draft-vocab: the draft's LM head rows (0 or
+"full" = the target's head; N = a reduced head whose logits are scattered to the target's
+vocabulary), several in one run share the target and the draft's layers. --target-layers M builds
+only M target layers and extrapolates the whole target's step from them (a preset whose fp32
+weights do not fit this machine's memory, e.g. alpamayo-r1-10b). Prints one JSON line per head size.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
+from tools.argtypes import count
+
+
+def vocab_list(text: str) -> tuple[int, ...]:
+    """"full,32768,8192" -> (0, 32768, 8192); every entry 'full', 0 or a positive int."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            out.append(0 if part == "full" else int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not 'full' or an integer") from None
+        if out[-1] < 0:
+            raise argparse.ArgumentTypeError(f"{part!r} is out of range; allowed 'full', 0 or an int >= 1")
+    return tuple(out)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", help="configs/models/NAME.yaml or a path")
-    parser.add_argument("--cached", type=int, default=400, help="cache rows before the step")
-    parser.add_argument("--runs", type=int, default=500, help="timed steps per model")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--cached", type=count(0), default=400, help="cache rows before the step")
+    parser.add_argument("--runs", type=count(1), default=500, help="timed steps per model")
+    parser.add_argument("--threads", type=count(0), default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--draft-vocab", type=vocab_list, default=(0,),
+                        help="draft head rows, comma-separated: full (the target's head) or N")
+    parser.add_argument("--target-layers", type=count(0), default=0,
+                        help="build only this many target layers and extrapolate (0 = all)")
     args = parser.parse_args(argv)
     import torch
 
     from models.config import load_preset
     from models.sizes import step_cost_ratio
+    from prompt.config import ConfigError
 
     if args.threads:
         torch.set_num_threads(args.threads)  # this process only
-    out = step_cost_ratio(load_preset(args.preset), cached=args.cached, runs=args.runs)
-    print(json.dumps({"preset": args.preset, **out}))
+    try:
+        out = step_cost_ratio(load_preset(args.preset), cached=args.cached, runs=args.runs,
+                              draft_vocabs=args.draft_vocab, target_layers=args.target_layers)
+    except ConfigError as e:
+        parser.exit(2, f"measure_c: {e}\n")
+    for row in out.pop("by_vocab", [out]):
+        print(json.dumps({"preset": args.preset, **{k: v for k, v in out.items() if k not in row}, **row}))
     return 0
 
 

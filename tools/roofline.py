@@ -29,6 +29,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--reasoning-tokens", type=int, help="CoC tokens (default: devices.yaml workload, else 40)")
     p.add_argument("--samples", type=int, help="expert draws (default: the profile's)")
     p.add_argument("--euler-steps", type=int, help="Euler steps (default: the profile's, else the preset's)")
+    p.add_argument("--draft-vocab", type=count(0), default=0,
+                   help="draft LM head rows (0: the target's head; N: a reduced head)")
     p.add_argument("--encoded-images", type=int, help="images the ViT encodes per cycle (reuse)")
     p.add_argument("--threads", type=count(1), default=1, help="torch threads of the cpu microbenchmark")
     p.add_argument("--memory", action="store_true", help="add the memory report")

@@ -6,7 +6,9 @@ loaded by models.io.load_planner / load_draft, which find each part by its meta.
     FOLDER/expert/          kind "expert", module "expert" (reads the target's KV cache)
     FOLDER/draft-<variant>/ kind "draft",  module "draft" (shares the target's embedding and head)
 
-The ModelConfig stored with a draft carries that draft's DraftConfig (rope, features).
+The ModelConfig stored with a draft carries that draft's DraftConfig (rope, features, vocab).
+A reduced-head draft (DraftConfig.vocab = N) is variant "<variant>-v<N>" (draft-flat-v256/) and its
+meta.json records draft_vocab N and d2t_sha256 (the map itself is the tensor "d2t" of draft.safetensors).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from models import io
 from models.config import DraftConfig, ModelConfig
 from models.draft import Draft
 from prompt.config import ConfigError
+from prompt.draft_vocab import d2t_sha256
 
 VARIANTS = {  # draft variant -> (rope, features)
     "flat": ("flat", "fused"), "mrope": ("mrope", "fused"),
@@ -25,16 +28,26 @@ VARIANTS = {  # draft variant -> (rope, features)
 }
 
 
-def draft_config(cfg: ModelConfig, variant: str) -> ModelConfig:
-    """The model config with the draft of `variant` (same depth and feature layers for all)."""
+def variant_name(variant: str, vocab: int = 0) -> str:
+    """The label of `variant` with a reduced head of `vocab` rows ("flat", 256 -> "flat-v256")."""
+    return f"{variant}-v{vocab}" if vocab else variant
+
+
+def draft_config(cfg: ModelConfig, variant: str, vocab: int = 0) -> ModelConfig:
+    """The model config with the draft of `variant` (same depth and feature layers for all),
+    with a head of `vocab` rows (0: the target's)."""
     if variant not in VARIANTS:
         raise ConfigError(f"draft variant {variant!r} is not known; choose one of {sorted(VARIANTS)}")
     rope, features = VARIANTS[variant]
     draft = DraftConfig(layers=cfg.draft.layers, rope=rope, features=features,
-                        feature_layers=tuple(cfg.draft.feature_layers))
+                        feature_layers=tuple(cfg.draft.feature_layers), vocab=vocab)
     return dataclasses.replace(cfg, draft=draft)
 
 
 def save_draft(folder, variant: str, cfg: ModelConfig, draft: Draft, extra: dict) -> Path:
-    return io.save(Path(folder) / f"draft-{variant}", {"draft": draft}, draft_config(cfg, variant),
-                   {"kind": "draft", "variant": variant, **extra})
+    vocab = draft.cfg.vocab
+    if vocab:
+        extra = {**extra, "draft_vocab": vocab, "d2t_sha256": d2t_sha256(draft.d2t.cpu().numpy())}
+    name = variant_name(variant, vocab)
+    return io.save(Path(folder) / f"draft-{name}", {"draft": draft}, draft_config(cfg, variant, vocab),
+                   {"kind": "draft", "variant": name, **extra})

@@ -110,8 +110,11 @@ class DistillConfig:
     kl_weight: float = 1.0         # KL(target || draft) over the next-token distribution
     feature_weight: float = 0.1    # EAGLE-style smooth-L1 to the target's top hidden (fused drafts)
     temperature: float = 1.0
+    draft_vocab: int = 0           # 0: the draft shares the target's LM head; N: its own head over the
+                                   # N tokens the target writes most (prompt/draft_vocab.py), variant "<v>-v<N>"
 
     def __post_init__(self):
+        check_range("draft_vocab", self.draft_vocab, lo=0)
         if not self.drafts:
             raise ConfigError(f"drafts must name at least one of {list(DISTILLED)}")
         for d in self.drafts:

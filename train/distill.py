@@ -9,6 +9,10 @@
    over the text vocabulary (trajectory tokens are masked while reasoning, for both), on rows
    rs + p <= j < cot_end (row j predicts token j+1; the first CoC token is the target's own).
    A standalone draft (no features) has one pass and no feature loss.
+   A reduced head (`draft_vocab: N`) is the N tokens the target writes most on the training
+   split's CoCs (+ <|cot_end|> and the other special tokens, prompt/draft_vocab.py), its rows
+   initialised from the target head's; its KL is over the head's text tokens, p renormalised
+   there (EAGLE-3): KL(p restricted to the head || q).
 """
 from __future__ import annotations
 
@@ -22,16 +26,20 @@ import torch.nn.functional as F
 from models import io
 from models.chain import chain_forward
 from models.draft import Draft
+from prompt import draft_vocab
 from prompt.config import to_dict
-from train import ckpt, data, dist, loop, reasoning
+from train import ckpt, data, dist, loop, reasoning, vocab
 from train.config import DistillConfig, RunConfig
 from train.teachers import Teacher, build_teachers, draft_inputs
 
 CHAIN_PASSES = 4      # draft-chain steps trained per row (EAGLE-3 training-time test)
 
 
-def distill_loss(draft: Draft, teachers: list[Teacher], text_ids: torch.Tensor, cfg: DistillConfig,
+def distill_loss(draft: Draft, teachers: list[Teacher], text_ids, cfg: DistillConfig,
                  pad_id: int) -> tuple[torch.Tensor, dict]:
+    """text_ids: (K,) target ids the KL runs over, or a pair ((K,) target ids, (K,) the same
+    tokens' rows of the draft's reduced head)."""
+    text_ids, head_ids = text_ids if isinstance(text_ids, tuple) else (text_ids, text_ids)
     first = teachers[0].first
     if any(t.first != first for t in teachers):
         raise ValueError("all prompts of a batch must share one layout (one reasoning_start)")
@@ -46,7 +54,7 @@ def distill_loss(draft: Draft, teachers: list[Teacher], text_ids: torch.Tensor, 
                 continue
             r = j - (rows[0] - first)                        # rows inside this pass's output
             p_log = F.log_softmax(t.logits[j][:, text_ids].float() / cfg.temperature, -1)
-            q_log = F.log_softmax(logits[b, r][:, text_ids].float() / cfg.temperature, -1)
+            q_log = F.log_softmax(logits[b, r][:, head_ids].float() / cfg.temperature, -1)
             kl = (p_log.exp() * (p_log - q_log)).sum(-1).mean()
             feat = F.smooth_l1_loss(hidden[b, r].float(), t.top[j].float()) if features is not None else 0.0
             per_scene.append(cfg.kl_weight * kl + cfg.feature_weight * feat)
@@ -58,12 +66,30 @@ def distill_loss(draft: Draft, teachers: list[Teacher], text_ids: torch.Tensor, 
     return loss, logs
 
 
+def head_map(cfg: DistillConfig, tok) -> np.ndarray:
+    """d2t of the `draft_vocab`-token head, counted on the data's train-split CoCs, each closed by
+    <|cot_end|> as the target writes it."""
+    texts = vocab.dataset_corpus(cfg.data.dir)
+    counts = draft_vocab.token_counts(texts, tok)
+    counts[tok.cot_end] += len(texts)
+    d2t = draft_vocab.build_d2t(counts, tok, cfg.draft_vocab)
+    print(f"draft head: {cfg.draft_vocab} tokens cover {draft_vocab.coverage(counts, d2t):.2%} of the "
+          f"{int(counts.sum())} CoC tokens of {len(texts)} train texts")
+    return d2t
+
+
 def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, teachers, tok,
-                out: Path) -> Path:
-    """One draft of `variant` from seed `seed`; returns its checkpoint folder."""
+                out: Path, d2t: np.ndarray | None = None) -> Path:
+    """One draft of `variant` from seed `seed` (with the reduced head `d2t`, if given); returns
+    its checkpoint folder."""
     torch.manual_seed(seed)
-    draft = Draft(ckpt.draft_config(model_cfg, variant), target.embed_tokens, target.lm_head)
+    vocab_n = 0 if d2t is None else len(d2t)
+    draft = Draft(ckpt.draft_config(model_cfg, variant, vocab_n), target.embed_tokens, target.lm_head)
     text_ids = torch.from_numpy(np.flatnonzero(tok.text_mask()))
+    if d2t is not None:
+        draft.set_vocab(d2t)
+        rows = np.flatnonzero(tok.text_mask()[d2t])       # head rows holding text tokens
+        text_ids = (torch.from_numpy(d2t[rows]), torch.from_numpy(rows))
     run = RunConfig(**{**to_dict(cfg.run), "out": str(out), "seed": seed})
 
     def step_fn(step):
@@ -77,7 +103,7 @@ def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, 
 
     loop.fit(run, {"draft": draft}, step_fn, dist.World(), on_checkpoint, {"config": to_dict(cfg)})
     (out / "done.json").write_text(json.dumps({"steps": run.steps}) + "\n")
-    return out / "ckpt" / f"draft-{variant}"
+    return out / "ckpt" / f"draft-{ckpt.variant_name(variant, vocab_n)}"
 
 
 def run(cfg: DistillConfig) -> list[Path]:
@@ -95,5 +121,7 @@ def run(cfg: DistillConfig) -> list[Path]:
     with_r = [reasoning.with_reasoning(e, cache["tokens"][i][:int(cache["lengths"][i])].numpy(), tok)
               for i, e in enumerate(examples)]
     teachers = build_teachers(target, with_r, tuple(model_cfg.draft.feature_layers), cfg.gen_batch)
-    return [train_draft(v, s, cfg, model_cfg, target, teachers, tok, out / f"{v}-s{s}")
+    d2t = head_map(cfg, tok) if cfg.draft_vocab else None
+    return [train_draft(v, s, cfg, model_cfg, target, teachers, tok,
+                        out / f"{ckpt.variant_name(v, cfg.draft_vocab)}-s{s}", d2t)
             for v in cfg.drafts for s in cfg.seeds]

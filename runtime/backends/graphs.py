@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from prompt.config import ConfigError
+from prompt.draft_vocab import check_d2t, d2t_sha256
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
 from runtime.backend import Backend, expert_noise, mask_rows, periodic_mask
@@ -104,6 +105,41 @@ class GraphBackend(Backend):
         self.feat_dim = 3 * t["hidden"] if self.fused else 1
         self.delta = 0
         self.action_fixed = (meta["action"]["samples"], meta["action"]["combine"])   # in action_output
+
+    def init_draft_vocab(self, folder, meta: dict, tokenizer) -> None:
+        """meta.json's draft_vocab ({} for a full head): a reduced head's d2t checked against its
+        hash and the tokenizer; `host_map` when the backend applies it (export --draft-map host)."""
+        dv = meta.get("draft_vocab") or {}
+        self.d2t, self.host_map = None, False
+        if not dv:
+            return
+        if dv.get("map") not in ("graph", "host") or not isinstance(dv.get("d2t"), list) or \
+                len(dv["d2t"]) != dv.get("n"):
+            raise ConfigError(f"{folder}/meta.json: draft_vocab needs n, map ('graph' or 'host') and a d2t list "
+                              f"of n ids; found map {dv.get('map')!r}, n {dv.get('n')!r}")
+        d2t = np.asarray(dv["d2t"], np.int64)
+        where = f"{folder}/meta.json draft_vocab"
+        if tokenizer is not None:
+            check_d2t(d2t, tokenizer, where, dv.get("d2t_sha256"))
+        elif d2t_sha256(d2t) != dv.get("d2t_sha256"):
+            raise ConfigError(f"{where}: d2t does not match its d2t_sha256")
+        self.d2t, self.host_map = d2t, dv["map"] == "host"
+
+    def draft_allowed(self, index0: int, n: int) -> np.ndarray:
+        """The draft graphs' mask rows: over the target vocabulary, or the head's rows (host map)."""
+        rows = self.allowed_rows(index0, n)
+        return rows[:, self.d2t] if self.host_map else rows
+
+    def draft_pick(self, top: int, logits: np.ndarray, sampling, j: int):
+        """A draft graph's last-row result -> (target id, q (V,) or None): with a host map the
+        head id goes through d2t and the head's logits are scattered (-inf outside the head)."""
+        if self.host_map:
+            full = np.full(self.vocab_size, -np.inf, np.float32)
+            full[self.d2t] = logits
+            top, logits = int(self.d2t[top]), full
+        if sampling is None:
+            return int(top), None
+        return self.draw(logits, sampling, j)
 
     # --- vision ---------------------------------------------------------------------------------
     def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:

@@ -39,12 +39,13 @@ class OrtBackend(GraphBackend):
     name = "onnxruntime"
 
     def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None,
-                 threads: int = 0):
+                 threads: int = 0, tokenizer=None):
         self.folder = Path(folder)
         # watch_graphs(graph, inputs) sees every session call's inputs (calibration's recorder)
         self.watch_graphs = None
         check_meta(self.folder, meta)
         self.init_shapes(folder, meta, max_len)
+        self.init_draft_vocab(self.folder, meta, tokenizer)
         self.sessions = open_sessions(self.folder, meta, device, threads)
         t, d = meta["target"], meta["draft_llm"]
         self.cache = np.zeros((t["layers"], 2, 1, t["kv_heads"], self.max_len, t["head_dim"]), np.float32)
@@ -91,12 +92,10 @@ class OrtBackend(GraphBackend):
             extra = {} if feats is None else {"feats": feats}
             logits, top, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
                                                 start=np.array([start], np.int64),
-                                                allowed=self.allowed_rows(start + 1, n), **extra)
+                                                allowed=self.draft_allowed(start + 1, n), **extra)
             self.draft_cache[..., start:start + n, :] = kv
-            if sampling is None:
-                token = int(top[0, -1])
-            else:
-                token, q = self.draw(logits[0, -1], sampling, len(out))
+            token, q = self.draft_pick(int(top[0, -1]), logits[0, -1], sampling, len(out))
+            if sampling is not None:
                 qs.append(q)
             out.append(token)
             start, ids = start + n, np.array([[token]], np.int64)
@@ -236,4 +235,4 @@ def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> di
 
 def create(spec: BackendSpec) -> OrtBackend:
     check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
-    return OrtBackend(spec.engines, spec.meta, spec.device, spec.max_len, spec.threads)
+    return OrtBackend(spec.engines, spec.meta, spec.device, spec.max_len, spec.threads, spec.tokenizer)

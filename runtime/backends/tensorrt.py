@@ -241,10 +241,15 @@ class TensorRTBackend(GraphBackend):
     name = "tensorrt"
 
     def __init__(self, folder: Path, meta: dict, manifest: dict, max_len: int | None = None,
-                 k_max: int | None = None, eager: bool = False, libraries=None):
+                 k_max: int | None = None, eager: bool = False, libraries=None, tokenizer=None):
         trt, rt = libraries or import_libraries()
         self.folder = Path(folder)
         self.init_shapes(folder, meta, max_len)
+        self.init_draft_vocab(self.folder, meta, tokenizer)
+        if self.host_map:     # the chain feeds its arg-max ids back on the device: they must be target ids
+            raise ConfigError(f"{folder}: the draft head's d2t map is applied on the host (export --draft-map "
+                              "host); the tensorrt backend chains proposals on the device and needs the map "
+                              "inside the draft graphs: re-export with --draft-map graph")
         self.cuda = cuda = Cuda(rt)
         check_manifest(self.folder, meta, manifest, trt.__version__, device_sm(cuda), k_max)
         self.k_max = manifest["shapes"]["k_max"]
@@ -593,4 +598,5 @@ def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, s
 
 def create(spec: BackendSpec) -> TensorRTBackend:
     check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
-    return TensorRTBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager)
+    return TensorRTBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager,
+                           tokenizer=spec.tokenizer)

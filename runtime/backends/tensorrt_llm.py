@@ -67,7 +67,7 @@ class TrtLlmBackend(Backend):
     exact_only = True
 
     def __init__(self, folder: Path, meta: dict, manifest: dict, max_len: int | None = None,
-                 k_max: int | None = None, eager: bool = False, libraries=None):
+                 k_max: int | None = None, eager: bool = False, libraries=None, tokenizer=None):
         from runtime.backends.tensorrt import TensorRTBackend
         Runner, self.MropeParams, self.torch = libraries or import_libraries()
         dirs = engine_dirs(Path(folder), manifest)
@@ -75,7 +75,7 @@ class TrtLlmBackend(Backend):
             raise ConfigError(f"{folder}: the draft reads the target's features (an EAGLE-style draft); "
                               "TensorRT-LLM's external-draft mode needs a standalone draft (export with "
                               "--draft flat-standalone)")
-        self.engines = TensorRTBackend(folder, meta, manifest, max_len, k_max, eager)
+        self.engines = TensorRTBackend(folder, meta, manifest, max_len, k_max, eager, tokenizer=tokenizer)
         self.meta, self.vocab_size, self.max_len = meta, self.engines.vocab_size, self.engines.max_len
         self.k_max = self.engines.k_max
         runner = dict(max_batch_size=1, max_input_len=self.max_len, max_output_len=self.k_max + 1,
@@ -115,6 +115,13 @@ class TrtLlmBackend(Backend):
             raise ConfigError("--backend tensorrt-llm: a periodic vocabulary mask (trajectory tokens decoded "
                               "by the LLM) cannot be given as bad words; use trajectory: expert")
         self.bad_words = [[int(t)] for t in np.flatnonzero(~allowed[0])]
+        # a reduced draft head (zero lm_head rows off the head, engines/trtllm.py): banned for the draft
+        d2t = getattr(getattr(self, "engines", None), "d2t", None)
+        off = np.ones(self.vocab_size, bool)
+        if d2t is not None:
+            off[d2t] = False
+        self.draft_bad_words = self.bad_words if d2t is None else \
+            [[int(t)] for t in np.flatnonzero(~allowed[0] | off)]
 
     # --- draft, verify, action --------------------------------------------------------------------
     def draft(self, tokens, start: int, k: int, sampling=None):
@@ -123,7 +130,8 @@ class TrtLlmBackend(Backend):
         tokens = np.asarray(tokens, np.int64)
         self.check_rows(start, len(tokens) + k)
         self.seq[start:start + len(tokens)] = tokens
-        out = self._generate(self.drafter, self.seq[:start + len(tokens)], max_new_tokens=k, top_k=1)
+        out = self._generate(self.drafter, self.seq[:start + len(tokens)], max_new_tokens=k, top_k=1,
+                             bad_words=self.draft_bad_words)
         if len(out) != k:
             raise RuntimeError(f"tensorrt-llm draft runner returned {len(out)} tokens, asked for {k}")
         self.proposed = out.astype(np.int64)
@@ -161,8 +169,10 @@ class TrtLlmBackend(Backend):
             self.engines.close()
 
     # --- requests ---------------------------------------------------------------------------------
-    def _generate(self, runner, ids: np.ndarray, max_new_tokens: int, **extra) -> np.ndarray:
-        """One ModelRunnerCpp.generate request (batch of one) -> the new tokens."""
+    def _generate(self, runner, ids: np.ndarray, max_new_tokens: int, bad_words=None, **extra) -> np.ndarray:
+        """One ModelRunnerCpp.generate request (batch of one) -> the new tokens (bad_words: the
+        banned ids, default the mask's)."""
+        bad = self.bad_words if bad_words is None else bad_words
         ids = np.asarray(ids, np.int32).copy()
         image = ids == self.meta["target"]["image_token_id"]
         ids[image] = self.vocab_size + np.arange(int(image.sum()), dtype=np.int32)   # prompt-table rows
@@ -171,7 +181,7 @@ class TrtLlmBackend(Backend):
             batch_input_ids=[self.torch.from_numpy(ids)], max_new_tokens=max_new_tokens, end_id=-1, pad_id=0,
             prompt_table=self.prompt_table, input_token_extra_ids=[extra_ids.tolist()],
             mrope_params=self.mrope if runner is self.target else None,
-            bad_words_list=[self.bad_words] if self.bad_words else None,
+            bad_words_list=[bad] if bad else None,
             return_dict=True, output_sequence_lengths=True, **extra)
         length = int(out["sequence_lengths"][0][0])
         return np.asarray(out["output_ids"][0][0][len(ids):length].tolist(), np.int64)
@@ -217,4 +227,5 @@ def engine_dirs(folder: Path, manifest: dict) -> dict:
 
 def create(spec: BackendSpec) -> TrtLlmBackend:
     check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
-    return TrtLlmBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager)
+    return TrtLlmBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager,
+                         tokenizer=spec.tokenizer)
