@@ -15,7 +15,7 @@ EXTRAS     ?= torch,$(ORT),plots,quant,dev
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
 
-.PHONY: all install test lint demo scenes train engines engines-cpu bench bench-ort profile tools clean help
+.PHONY: all install test lint demo scenes train claims engines engines-cpu bench bench-ort profile tools clean help
 
 all: test
 
@@ -23,6 +23,7 @@ help:
 	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
 	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~100 min on 2 CPU cores)"
+	@echo "make claims   the seed paper's claims measured with seeds and intervals -> docs/claims-data.md"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
 	@echo "make engines-cpu  export the shipped checkpoint to ONNX (-> build/engines/tiny-ort) for --engines"
@@ -61,6 +62,12 @@ train: $(STAMP)
 	$(PY) -m tools.cli train aarl --config configs/train/aarl.yaml
 	$(PY) -m tools.cli train ship --config configs/train/ship.yaml
 	$(PY) -m tools.cli train eval --config configs/train/eval.yaml
+
+# The seed paper's claims on world v2 (docs/claims.md): three seeds of every draft variant, AARL
+# runs and its reward x KL ablation, then one evaluation with intervals (~60 min on 2 CPU cores;
+# needs data/scenes and runs/sft-tiny from `make train`).
+claims: $(STAMP)
+	PY=$(PY) bash configs/train/claims.sh
 
 # The shipped checkpoint as ONNX graphs for the onnxruntime backend (about a minute on 2 cores);
 # then: specdrive plan --engines build/engines/tiny-ort ...

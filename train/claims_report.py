@@ -58,17 +58,19 @@ def _ci(x, pct=False) -> str:
 
 def acceptance_table(splits: dict) -> list[str]:
     rows = ["| split | draft | seeds | tau k=8 (per seed) | tau k=8 [95%] | alpha routine [95%] | "
-            "alpha commitment [95%] | free-running [95%] | draft share of CoC | tokens per accepted block |",
-            "|" + "---|" * 10]
+            "alpha commitment [95%] | free-running [95%] | draft share of CoC | tokens per accepted block | "
+            "routine-labelled share of CoC |", "|" + "---|" * 11]
     for split, s in splits.items():
         for g, seeds in grouped(s["drafts"]).items():
             iv = claims.intervals(pooled(seeds))
             n = sum(r["n"] for d in seeds.values() for r in d["per_scene"])
             f = sum(r["f"] for d in seeds.values() for r in d["per_scene"])
             per = ", ".join(f"{d['tau']:.2f}" for d in seeds.values())
+            one = next(iter(seeds.values()))["per_scene"]          # labels are the scenes', not the draft's
+            routine = sum(r["routine"][1] for r in one) / max(sum(r["routine"][1] + r["commitment"][1] for r in one), 1)
             rows.append(f"| {split} | {g} | {len(seeds)} | {per} | {_ci(iv['tau'])} | {_ci(iv['alpha_routine'], True)} | "
                         f"{_ci(iv['alpha_commitment'], True)} | {_ci(iv['free_running'])} | {(n - f) / max(n, 1):.1%} | "
-                        f"{(n - f) / max(f, 1):.2f} |")
+                        f"{(n - f) / max(f, 1):.2f} | {routine:.1%} |")
     return rows
 
 
@@ -88,15 +90,24 @@ COMPARISONS = (("mrope", "flat", "FlatRoPE vs M-RoPE, fused drafts"),
                ("flat", "aarl rollout", "AARL (shipped recipe) vs its distilled flat seed"))
 
 
+def scene_attention(seeds: dict, kind: str) -> np.ndarray:
+    """Per scene: attention mass on `kind` keys (mean over layers), averaged over seeds."""
+    return np.mean([[np.mean(r["attn"][kind]) for r in n["per_scene"]] for n in seeds.values()], 0)
+
+
 def comparison_table(splits: dict) -> list[str]:
-    rows = ["| split | comparison | tau k=8 difference [95%] |", "|---|---|---|"]
+    rows = ["| split | comparison | tau k=8 difference [95%] | history-key mass difference [95%] | "
+            "vision-key mass difference [95%] |", "|---|---|---|---|---|"]
     for split, s in splits.items():
         g = grouped(s["drafts"])
         for a, b, what in COMPARISONS:
             if a in g and b in g:
                 seeds = sorted(set(g[a]) & set(g[b]))
-                d = tau_diff({k: g[a][k] for k in seeds}, {k: g[b][k] for k in seeds})
-                rows.append(f"| {split} | {what} ({len(seeds)} paired seeds) | {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] |")
+                sa, sb = {k: g[a][k] for k in seeds}, {k: g[b][k] for k in seeds}
+                d = tau_diff(sa, sb)
+                h, v = (claims.paired(scene_attention(sa, kind), scene_attention(sb, kind)) for kind in ("history", "vision"))
+                rows.append(f"| {split} | {what} ({len(seeds)} paired seeds) | {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] | "
+                            f"{h[0]:+.3f} [{h[1]:+.3f}, {h[2]:+.3f}] | {v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}] |")
     return rows
 
 
@@ -110,22 +121,27 @@ def attention_table(splits: dict, split: str = "test") -> list[str]:
 
 
 def budget_table(splits: dict) -> list[str]:
-    rows = ["| split | passes | mode | CoC tokens written | ADE (m) [95%] | cause and decision right |",
-            "|---|---|---|---|---|---|"]
+    """Per split and budget: plain decoding, every draft group (per-scene values averaged over its
+    seeds) and the full CoC (no budget)."""
+    rows = ["| split | passes | mode | seeds | CoC tokens written | ADE (m) [95%] | cause and decision right |",
+            "|---|---|---|---|---|---|---|"]
     for split, s in splits.items():
         b = s.get("budget_action")
         if not b:
             continue
+        groups: dict = {}
+        for mode in b["modes"]:
+            if mode not in ("plain", "full"):
+                groups.setdefault(group_of(mode)[0], []).append(mode)
+        for p in map(str, b["passes"]):
+            for label, modes in [("plain", ["plain"]), *groups.items()]:
+                per = [b["modes"][m][p] for m in modes]
+                ade = np.mean([r["ade_scenes"] for r in per], 0)
+                rows.append(f"| {split} | {p} | {label} | {len(modes) if label != 'plain' else '-'} | "
+                            f"{np.mean([r['tokens'] for r in per]):.1f} | {_ci(claims.mean_interval(ade))} | "
+                            f"{np.mean([r['commitment'] for r in per]):.1%} |")
         full = b["modes"]["full"]["0"]
-        for p in b["passes"]:
-            for mode, per in b["modes"].items():
-                if mode == "full":
-                    continue
-                r = per[str(p)]
-                label = mode if mode == "plain" else "/".join(group_of(mode))
-                rows.append(f"| {split} | {p} | {label} | {r['tokens']:.1f} | {_ci(claims.mean_interval(r['ade_scenes']))} | "
-                            f"{r['commitment']:.1%} |")
-        rows.append(f"| {split} | no budget | full CoC | {full['tokens']:.1f} | "
+        rows.append(f"| {split} | no budget | full CoC | - | {full['tokens']:.1f} | "
                     f"{_ci(claims.mean_interval(full['ade_scenes']))} | {full['commitment']:.1%} |")
     return rows
 
