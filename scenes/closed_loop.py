@@ -119,7 +119,7 @@ def front_s(ego_world: np.ndarray, path) -> np.ndarray:
 
 def line_violations(ego_world: np.ndarray, scen, first: int, last: int) -> dict:
     """{"red_light": n, "stop_sign": n}: stop lines crossed against their rule within (first, last]."""
-    fs, v = front_s(ego_world, scen.path), speeds(ego_world)
+    fs, v = front_s(ego_world[: last + 1], scen.path), speeds(ego_world[: last + 1])
     out = {"red_light": 0, "stop_sign": 0}
     for rule in scen.stops:
         crossed = [n for n in range(first + 1, last + 1) if fs[n - 1] < rule.s_line <= fs[n]]
