@@ -64,6 +64,18 @@ def parse_modes(text: str) -> list[str]:
     return names
 
 
+def parse_budgets(text, n: int) -> list[float]:
+    """--budget-ms: one budget for every latency spec, or one per spec (comma list, ms, finite >= 0)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values) or len(values) not in (1, n):
+        raise ConfigError(f"--budget-ms {text!r}: give one budget (ms, finite >= 0) or one per --latency spec ({n})")
+    return values * n if len(values) == 1 else values
+
+
 # --- the loop ------------------------------------------------------------------------------------
 def render(scen, ego_world, step):
     from scenes.drive import render_cycle
@@ -207,11 +219,12 @@ def run(args) -> int:
 
     base = load_planner_config(args.profile)
     modes = parse_modes(args.modes)
-    configs = {m: mode_config(base, m, args.budget_ms) for m in modes}
     latencies = [parse_latency(s, base) for s in args.latency.split(",")]
+    budgets = parse_budgets(args.budget_ms, len(latencies))
+    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     cases = drive_cases(args.drives, args.split, args.seconds, args.seed)
-    tok, backends = open_backends(args.checkpoint, base, modes, args.budget_ms)
-    for lat in latencies:
+    tok, backends = open_backends(args.checkpoint, base, modes, budgets[0])
+    for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
         out = Path(args.out) / lat.label
         (out / "gif").mkdir(parents=True, exist_ok=True)
         records = []
@@ -219,11 +232,11 @@ def run(args) -> int:
         with torch_threads(args.threads):
             for case in cases:
                 for m in modes:
-                    records.append(run_case(case, m, configs[m], lat, backends, tok))
+                    records.append(run_case(case, m, cfgs[m], lat, backends, tok))
                     bar.update()
         bar.close()
-        text = table(records, modes, lat.spec, args.budget_ms)
-        (out / "drives.json").write_text(json.dumps({"latency": lat.spec, "budget_ms": args.budget_ms,
+        text = table(records, modes, lat.spec, budget_ms)
+        (out / "drives.json").write_text(json.dumps({"latency": lat.spec, "budget_ms": budget_ms,
                                                      "modes": {m: MODES[m] for m in modes},
                                                      "records": records}) + "\n")
         (out / "table.md").write_text(text)

@@ -144,6 +144,15 @@ def test_an_unknown_latency_spec_names_the_allowed_ones(spec, named):
         parse_latency(spec, load_planner_config("cpu"))
 
 
+def test_budgets_are_one_for_all_latency_specs_or_one_each():
+    from bench.drive import parse_budgets
+
+    assert parse_budgets("250", 2) == [250.0, 250.0] and parse_budgets("250,700", 2) == [250.0, 700.0]
+    for bad in ("-1", "nan", "1,2,3", "fast"):
+        with pytest.raises(ConfigError, match="--budget-ms"):
+            parse_budgets(bad, 2)
+
+
 def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
     from scenes.dataset import DriveConfig, generate_drives
     from tools.cli import main

@@ -50,8 +50,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     p.add_argument("--latency", default="measured", help="comma list of 'measured' (this machine's clock) "
                    "and DEVICE:PRESET (roofline-priced calls on a virtual clock), e.g. orin-agx-64:edge-2b")
-    p.add_argument("--budget-ms", type=finite_ms, default=DEFAULT_BUDGET_MS,
-                   help=f"budget of the +budget modes (default {DEFAULT_BUDGET_MS:g})")
+    p.add_argument("--budget-ms", default=str(DEFAULT_BUDGET_MS), help="budget (ms) of the +budget modes: "
+                   f"one for every --latency spec or a comma list, one per spec (default {DEFAULT_BUDGET_MS:g})")
     p.add_argument("--profile", default="cpu", help="planner profile the modes start from (default cpu)")
     p.add_argument("--threads", type=count(0), default=1, help="torch threads (default 1; 0 = torch's default)")
     p.add_argument("--gifs", type=count(0), default=20, help="GIFs for the first N drives (default 20)")
