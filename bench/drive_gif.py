@@ -18,7 +18,12 @@ from scenes.drive import to_ego
 from scenes.geometry import box_corners
 
 EVERY = 2
-VIEW = (-15.0, 50.0, -18.0, 18.0)       # x forward, y left (m) around the ego
+VIEW = (-12.0, 12.0, -10.0, 50.0)       # m right of the ego, m ahead of it: forward is up
+
+
+def _up(p: np.ndarray) -> tuple:
+    """Ego-frame (..., >=2) points -> plot coordinates with forward up: (right, ahead)."""
+    return -p[..., 1], p[..., 0]
 
 
 def _rgb(c) -> tuple:
@@ -27,8 +32,7 @@ def _rgb(c) -> tuple:
 
 def _poly(ax, x, y, yaw, length, width, color, origin, **kw):
     c = box_corners(np.array(x), np.array(y), np.array(yaw), np.array(length), np.array(width))
-    pts = to_ego(np.column_stack([c, np.zeros(4)]), origin)[:, :2]
-    ax.fill(pts[:, 0], pts[:, 1], color=color, **kw)
+    ax.fill(*_up(to_ego(np.column_stack([c, np.zeros(4)]), origin)), color=color, **kw)
 
 
 def _roads(ax, scen, origin) -> None:
@@ -36,8 +40,7 @@ def _roads(ax, scen, origin) -> None:
         s = np.arange(0.0, road.length, 1.0)
         for d, style in ((road.half_width, "-"), (-road.half_width, "-"), (0.0, ":")):
             x, y, th = road.pose(s, d)
-            p = to_ego(np.column_stack([x, y, th]), origin)
-            ax.plot(p[:, 0], p[:, 1], style, color="0.55", lw=0.8)
+            ax.plot(*_up(to_ego(np.column_stack([x, y, th]), origin)), style, color="0.55", lw=0.8)
     for x, y, yaw, length, width, rgb in scen.paint:
         _poly(ax, x, y, yaw, length, width, _rgb(rgb), origin)
 
@@ -53,8 +56,7 @@ def _agents(ax, scen, step: int, origin) -> None:
 def _plan(ax, cycle: dict | None, origin, **style) -> None:
     if cycle is None or cycle["trajectory"] is None:
         return
-    p = to_ego(to_world(np.asarray(cycle["trajectory"]), np.asarray(cycle["origin"])), origin)
-    ax.plot(p[:, 0], p[:, 1], **style)
+    ax.plot(*_up(to_ego(to_world(np.asarray(cycle["trajectory"]), np.asarray(cycle["origin"])), origin)), **style)
 
 
 def _state(cycles: list[dict], step: int) -> tuple:
@@ -71,8 +73,7 @@ def _panel(fig, grid, col: int, case, rec: dict, step: int, lat_max: float) -> N
     ax = fig.add_subplot(grid[0, col])
     _roads(ax, case.scenario, origin)
     _agents(ax, case.scenario, step, origin)
-    trail = to_ego(ego[: step - first + 1], origin)
-    ax.plot(trail[:, 0], trail[:, 1], color="0.2", lw=1.0)
+    ax.plot(*_up(to_ego(ego[: step - first + 1], origin)), color="0.2", lw=1.0)
     force, flight = _state(rec["cycle_log"], step)
     _plan(ax, force, origin, color="tab:green", lw=2.0)
     _plan(ax, flight, origin, color="tab:orange", lw=1.5, ls="--")
@@ -87,7 +88,7 @@ def _panel(fig, grid, col: int, case, rec: dict, step: int, lat_max: float) -> N
     txt = fig.add_subplot(grid[1, col])
     txt.axis("off")
     coc = force["coc"] if force else "(hold speed: no plan yet)"
-    txt.text(0, 1, textwrap.fill(coc, 52), fontsize=6.5, va="top", family="monospace")
+    txt.text(0, 1, textwrap.fill(coc, 40), fontsize=6, va="top", family="monospace")
     bar = fig.add_subplot(grid[2, col])
     if flight is not None:
         elapsed = min((step - flight["start"]) * DT * 1e3, flight["latency_ms"])
@@ -113,14 +114,14 @@ def draw_case(case, records: list[dict], out_path, every: int = EVERY) -> int:
     lat_max = 100.0 * np.ceil(max(lat_max, 100.0) / 100.0)
     frames = []
     for step in range(case.first, case.last + 1, every):
-        fig = plt.figure(figsize=(3.6 * len(records), 4.6), dpi=80)
-        grid = fig.add_gridspec(3, len(records), height_ratios=[3.2, 0.9, 0.35], hspace=0.25, wspace=0.05,
-                                left=0.02, right=0.98, top=0.9, bottom=0.1)
+        fig = plt.figure(figsize=(2.5 * len(records), 5.4), dpi=72)
+        grid = fig.add_gridspec(3, len(records), height_ratios=[5.0, 0.9, 0.3], hspace=0.2, wspace=0.08,
+                                left=0.02, right=0.98, top=0.85, bottom=0.08)
         for col, rec in enumerate(records):
             _panel(fig, grid, col, case, rec, step, lat_max)
         t = (step - case.first) * DT
-        fig.suptitle(f"{case.name}   t = {t:4.1f} s   latency {records[0]['latency']}   "
-                     "green: plan in force, orange: plan being computed", fontsize=9)
+        fig.suptitle(f"{case.name}   t = {t:4.1f} s   latency {records[0]['latency']}\n"
+                     "green: plan in force, orange: plan being computed", fontsize=8.5)
         fig.canvas.draw()
         frames.append(Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3]).convert(
             "P", palette=Image.Palette.ADAPTIVE, colors=96))
