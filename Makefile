@@ -15,7 +15,7 @@ EXTRAS     ?= torch,$(ORT),plots,quant,dev
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
 
-.PHONY: all install test lint demo scenes train claims engines engines-cpu bench bench-ort profile tools clean help
+.PHONY: all install test lint demo scenes train claims engines engines-cpu bench bench-ort profile drive tools clean help
 
 all: test
 
@@ -28,6 +28,7 @@ help:
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
 	@echo "make engines-cpu  export the shipped checkpoint to ONNX (-> build/engines/tiny-ort) for --engines"
 	@echo "make profile  stage ranges of planner cycles (nsys on a GPU, else a Chrome trace) -> out/profile"
+	@echo "make drive    closed-loop drives (4 test drives x 4 s, plain/speculative, budget on/off) at this CPU's and a simulated Orin latency -> out/drive"
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -89,6 +90,11 @@ bench: $(STAMP)
 # (report out/profile/profile_cpu_torch_tiny.nsys-rep), else ranges recorded here (out/profile:
 # trace.json, stats.md, pictures); then the tiny model's roofline on this CPU against the run.
 # PROFILE_ARGS adds options, e.g. PROFILE_ARGS="--device cuda --profile orin".
+# closed loop: the ego follows each plan from the moment it is delivered (docs/drive.md)
+drive: $(STAMP)
+	$(PY) -m tools.cli drive --checkpoint checkpoints/tiny --drives 4 --seconds 4 \
+		--latency measured,orin-agx-64:edge-2b --budget-ms 250,700 --out out/drive
+
 profile: $(STAMP)
 	$(PY) -m tools.cli profile --checkpoint checkpoints/tiny --cycles 16 --out out/profile $(PROFILE_ARGS)
 	@if [ -f out/profile/stats.json ]; then $(PY) -m tools.cli roofline --preset tiny --device cpu --memory \

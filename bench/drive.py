@@ -1,0 +1,246 @@
+"""`specdrive drive`: closed-loop drives, where a late plan is followed late. (the library of tools/drive.py)
+
+Closed loop (scenes/closed_loop.py moves the ego and scores the path):
+    - before the first cycle the ego is where the expert was (the first history is the expert's);
+      until the first plan arrives it holds its speed and heading ("hold-speed start")
+    - a cycle starts at grid step n (time t_n) and sees the cameras and history of the path the
+      ego actually drove; its plan, computed with latency L, is followed from the first 0.1 s tick
+      at or after t_n + L (the controller runs at 10 Hz: a plan delivered inside a tick takes over
+      at the next one); until then the previous plan is followed
+    - the next cycle starts at that same tick (at least one tick later): a planner slower than
+      100 ms plans less often; a cycle that delivers no trajectory leaves the previous plan in force
+    - the agents follow their scripts (non-reactive)
+
+Modes are rows of MODES (name -> PlannerConfig overrides on the cpu profile); a mode with k = 0
+runs on the target without a draft, the others on the shipped flat draft. The budget modes take
+`--budget-ms` (their vision / prefill priors are zero: warm-up measures them, in the latency's
+time). Outputs under OUT/LATENCY: drives.json (every drive x mode: metrics, cycles), table.md,
+and a GIF per drive with one panel per mode (bench/drive_gif.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from prompt.config import ConfigError, from_dict
+from runtime.config import PlannerConfig, load_planner_config
+from scenes.closed_loop import compose, drive_metrics, hold_plan, plan_step, speeds
+from scenes.config import DT
+
+BUDGET = "BUDGET"           # filled with --budget-ms
+BUDGETED = {"budget_ms": BUDGET, "prior_prompt_ms": 0.0, "prior_vision_ms": 0.0, "prior_prefill_ms": 0.0}
+MODES = {   # name -> PlannerConfig overrides (a reuse mode is one more line once PlannerConfig has `reuse`)
+    "plain": {"spec": {"k": 0, "adaptive": False}, "budget": {"budget_ms": 0.0}},
+    "speculative": {"budget": {"budget_ms": 0.0}},
+    "plain+budget": {"spec": {"k": 0, "adaptive": False}, "budget": BUDGETED},
+    "speculative+budget": {"budget": BUDGETED},
+}
+DEFAULT_BUDGET_MS = 250.0
+TICK_MS = DT * 1e3
+
+
+def mode_config(base: PlannerConfig, mode: str, budget_ms: float) -> PlannerConfig:
+    """The profile with one mode's overrides (re-validated by the dataclasses)."""
+    if mode not in MODES:
+        raise ConfigError(f"--modes: {mode!r} is not a mode; modes: {list(MODES)}")
+    d = dataclasses.asdict(base)
+    for key, value in MODES[mode].items():
+        if isinstance(value, dict):
+            d[key] = {**d[key], **{k: budget_ms if v == BUDGET else v for k, v in value.items()}}
+        else:
+            d[key] = value
+    return from_dict(PlannerConfig, d, f"mode {mode}")
+
+
+def parse_modes(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODES]
+    if bad or not names:
+        raise ConfigError(f"--modes {text!r}: unknown {bad or 'empty'}; modes: {list(MODES)}")
+    return names
+
+
+def parse_budgets(text, n: int) -> list[float]:
+    """--budget-ms: one budget for every latency spec, or one per spec (comma list, ms, finite >= 0)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values) or len(values) not in (1, n):
+        raise ConfigError(f"--budget-ms {text!r}: give one budget (ms, finite >= 0) or one per --latency spec ({n})")
+    return values * n if len(values) == 1 else values
+
+
+# --- the loop ------------------------------------------------------------------------------------
+def render(scen, ego_world, step):
+    from scenes.drive import render_cycle
+    return render_cycle(scen, ego_world, step)
+
+
+def in_force_step(start: int, latency_ms: float) -> int:
+    """The tick from which a plan computed at `start` with `latency_ms` is followed."""
+    return start + math.ceil(latency_ms / TICK_MS - 1e-9)
+
+
+def advance(ego: np.ndarray, a: int, b: int, plan: np.ndarray, origin: int) -> None:
+    """Move the ego from step a to b along `plan` (made at step `origin`), increment by increment."""
+    for j in range(a, b):
+        ego[j + 1] = compose(ego[j], plan_step(plan, j - origin))
+
+
+def closed_loop(scen, expert_world: np.ndarray, first: int, last: int, planner, sense=render):
+    """Drive steps [first, last] with `planner` (anything with `plan(images, history, scene)` that
+    returns a CycleResult-like object: trajectory, timing["total_ms"], reasoning, flags, source)
+    -> (ego_world (N_STEPS, 3), [cycle records])."""
+    ego = np.array(expert_world, dtype=np.float64)
+    ego[first + 1:] = np.nan
+    plan, origin = hold_plan(float(speeds(ego[: first + 1])[first])), first
+    n, cycles = first, []
+    while n <= last:
+        images, history = sense(scen, ego, n)
+        res = planner.plan(images, history, scene=f"step{n}")
+        latency = float(res.timing.get("total_ms", 0.0))
+        force = in_force_step(n, latency)
+        advance(ego, n, min(force, last), plan, origin)
+        if res.trajectory is not None:
+            plan, origin = np.asarray(res.trajectory, np.float64), n
+        nxt = max(force, n + 1)
+        advance(ego, min(force, last), min(nxt, last), plan, origin)
+        cycles.append(cycle_record(res, n, force, latency, ego[n]))
+        n = nxt
+    return ego, cycles
+
+
+def cycle_record(res, start: int, force: int, latency: float, origin) -> dict:
+    traj = None if res.trajectory is None else np.round(np.asarray(res.trajectory, float), 3).tolist()
+    return {"start": start, "in_force": force, "latency_ms": round(latency, 3), "source": res.source,
+            "flags": list(res.flags), "coc": res.reasoning, "origin": np.round(origin, 4).tolist(),
+            "tokens": len(getattr(res, "reasoning_ids", [])), "trajectory": traj}
+
+
+def summary(cycles: list[dict]) -> dict:
+    lat = np.array([c["latency_ms"] for c in cycles]) if cycles else np.zeros(1)
+    return {"cycles": len(cycles), "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
+            "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
+            "budget_cuts": sum("budget_cut" in c["flags"] for c in cycles),
+            "misses": sum("miss" in c["flags"] for c in cycles),
+            "mean_tokens": round(float(np.mean([c["tokens"] for c in cycles])), 2) if cycles else 0.0}
+
+
+# --- drives --------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class DriveCase:
+    """One drive to run: its scenario, the expert's path and the window of cycles."""
+    name: str
+    seed: int
+    family: str
+    scenario: object
+    expert_world: np.ndarray
+    first: int
+    last: int
+
+
+def drive_cases(source, split: str, seconds: float | None, seed: int = 0) -> list[DriveCase]:
+    """DriveCases of a drives folder (shards checked, each scenario rebuilt from its seed and
+    checked against the stored expert path) or of N new drives (seeds seed..seed+N-1)."""
+    from scenes import world
+    from scenes.config import MAX_DRIVE_SECONDS
+    from scenes.dataset import load_drives
+
+    if seconds is not None and not 0 < seconds <= MAX_DRIVE_SECONDS:
+        raise ConfigError(f"--seconds {seconds!r} is out of range; allowed (0, {MAX_DRIVE_SECONDS:g}]")
+    out = []
+    if isinstance(source, int):
+        metas = [(seed + i, None, seconds or 8.0, None) for i in range(source)]
+    else:
+        ds = load_drives(source, split)
+        metas = []
+        for i in range(len(ds)):
+            d = ds[i]
+            metas.append((d.seed, d.family, d.seconds, d.ego_world))
+    for s, family, secs, stored in metas:
+        d = world.make_drive(int(s), family, split, float(secs), render=False)
+        if stored is not None and not np.allclose(d.ego_world, stored, atol=1e-4):
+            raise ConfigError(f"drive seed {s}: the stored expert path differs from this world's; "
+                              "regenerate the drives with `specdrive scenes generate --drives N`")
+        n = len(d.steps) if seconds is None else min(len(d.steps), int(round(seconds / DT)))
+        out.append(DriveCase(f"{d.family}-{d.seed}", int(d.seed), d.family, d.scenario, d.ego_world,
+                             int(d.steps[0]), int(d.steps[n - 1])))
+    return out
+
+
+def run_case(case: DriveCase, mode: str, cfg: PlannerConfig, latency, backends: dict, tok) -> dict:
+    """One drive in one mode: a fresh planner (warmed up on the drive's first cycle) in the loop."""
+    from runtime.planner import Planner
+
+    clock = latency.clock()
+    with_draft = cfg.spec.k > 0
+    backend = latency.wrap(backends["flat" if with_draft else "plain"], clock, with_draft)
+    planner = Planner(backend, tok, cfg, clock=clock)
+    ego0 = np.array(case.expert_world, np.float64)
+    images, history = render(case.scenario, ego0, case.first)
+    premise = planner.warmup(images, history)
+    try:
+        ego, cycles = closed_loop(case.scenario, case.expert_world, case.first, case.last, planner)
+    finally:
+        planner.fallback.close()
+    metrics = drive_metrics(case.scenario, ego, case.expert_world, case.first, case.last)
+    return {"drive": case.name, "seed": case.seed, "family": case.family, "mode": mode,
+            "latency": latency.spec, "metrics": metrics, **summary(cycles), "premise": premise,
+            "ego_world": np.round(ego[case.first: case.last + 1], 4).tolist(), "cycle_log": cycles}
+
+
+def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget_ms: float) -> tuple:
+    """(tokenizer, {"plain": backend without a draft, "flat": the shipped flat draft})."""
+    from bench.sources import default_tokenizer
+    from runtime.artifacts import ModelSource, open_backend
+
+    kinds = {"flat" if mode_config(cfg, m, budget_ms).spec.k > 0 else "plain" for m in modes}
+    out, tok = {}, None
+    for kind in sorted(kinds):
+        src = ModelSource(checkpoint=Path(checkpoint), draft="none" if kind == "plain" else "flat")
+        out[kind], tok = open_backend(src, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
+    return tok, out
+
+
+def run(args) -> int:
+    """The command: every drive x mode x latency spec; JSON, table and GIFs under OUT/LATENCY."""
+    from tqdm import tqdm
+
+    from bench.drive_gif import draw_case
+    from bench.drive_latency import parse_latency
+    from bench.drive_report import table
+    from bench.threads import torch_threads
+
+    base = load_planner_config(args.profile)
+    modes = parse_modes(args.modes)
+    latencies = [parse_latency(s, base) for s in args.latency.split(",")]
+    budgets = parse_budgets(args.budget_ms, len(latencies))
+    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
+    cases = drive_cases(args.drives, args.split, args.seconds, args.seed)
+    tok, backends = open_backends(args.checkpoint, base, modes, budgets[0])
+    for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
+        out = Path(args.out) / lat.label
+        (out / "gif").mkdir(parents=True, exist_ok=True)
+        records = []
+        bar = tqdm(total=len(cases) * len(modes), desc=f"drive {lat.spec}", unit="drive", disable=args.quiet)
+        with torch_threads(args.threads):
+            for case in cases:
+                for m in modes:
+                    records.append(run_case(case, m, cfgs[m], lat, backends, tok))
+                    bar.update()
+        bar.close()
+        text = table(records, modes, lat.spec, budget_ms)
+        (out / "drives.json").write_text(json.dumps({"latency": lat.spec, "budget_ms": budget_ms,
+                                                     "modes": {m: MODES[m] for m in modes},
+                                                     "records": records}) + "\n")
+        (out / "table.md").write_text(text)
+        print(text, flush=True)
+        for case in tqdm(cases[: args.gifs], desc="gifs", unit="gif", disable=args.quiet):
+            draw_case(case, [r for r in records if r["drive"] == case.name], out / "gif" / f"{case.name}.gif")
+    return 0
