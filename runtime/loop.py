@@ -235,7 +235,7 @@ def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, ve
 
 
 def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, clock=wall_ms,
-             positions=None, rope_delta: int = 0, observer=None):
+             positions=None, rope_delta: int = 0, observer=None, lookup=None):
     """Prefill a token prompt and decode up to max_new tokens -> (new tokens, reason, stats).
 
     For text-only prompts (benchmarks, tests, training's acceptance measurements): positions
@@ -247,5 +247,5 @@ def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, cl
     state = DecodeState.after_prefill(ids, rule.first(row))
     stats = DecodeStats()
     reason = decode(backend, state, rule, policy, stop_ids=stop_ids, limit=len(ids) + max_new,
-                    clock=clock, stats=stats, observer=observer)
+                    clock=clock, stats=stats, observer=observer, lookup=lookup)
     return state.seq[len(ids):], reason, stats

@@ -30,6 +30,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--samples", type=int, help="expert draws (default: the profile's)")
     p.add_argument("--euler-steps", type=int, help="Euler steps (default: the profile's, else the preset's)")
     p.add_argument("--encoded-images", type=int, help="images the ViT encodes per cycle (reuse)")
+    p.add_argument("--lookup-share", type=float, default=0.5, help="drives row: share of speculative steps "
+                   "proposed by lookup (default 0.5, assumed; `specdrive bench --drives` measures it)")
     p.add_argument("--threads", type=count(1), default=1, help="torch threads of the cpu microbenchmark")
     p.add_argument("--memory", action="store_true", help="add the memory report")
     p.add_argument("--validate", type=input_file, help="a `specdrive profile` stats.json: measured / projected")
