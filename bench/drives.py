@@ -225,7 +225,7 @@ def command(args) -> int:
         ks = [int(k) for k in args.ks.split(",") if k.strip()]
     except ValueError:
         raise ConfigError(f"--ks {args.ks!r} must be comma-separated integers, e.g. 4,8") from None
-    cfg = DriveBenchConfig(drives=args.drive_count, cycles=args.cycles, split=args.split, warmup=args.warmup,
+    cfg = DriveBenchConfig(drives=args.drive_count, cycles=args.cycles or None, split=args.split, warmup=args.warmup,
                            k=ks[0] if args.no_adaptive and ks else None, max_reasoning_tokens=args.max_reasoning)
     drives = load(args.drives, cfg)         # a bad shard stops here, before any model loads
     src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,

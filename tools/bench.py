@@ -59,7 +59,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
                    "through plain, speculative and reuse modes instead of snapshots (bench/drives.py)")
     p.add_argument("--drive-count", type=int, default=4, help="drives of the split to run (--drives; default 4)")
-    p.add_argument("--cycles", type=int, default=None, help="cycles per drive at most (--drives; default all)")
+    p.add_argument("--cycles", type=int, default=30, help="cycles per drive at most (--drives; default 30, 0 = all)")
     p.set_defaults(run=command.run)
 
 
