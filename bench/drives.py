@@ -176,7 +176,8 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) 
     tot = {k: sum(r[k] for r in rows) for k in ("lookup_proposed", "lookup_accepted", "model_proposed",
                                                  "model_accepted", "reused")}
     return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis,
-            **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"] for k in ("prefill", "reasoning", "trajectory")},
+            **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]
+               for k in ("prefill", "reasoning", "trajectory")},
             "vision_cut": round(1.0 - vis["p50"] / vision0, 4) if vision0 else None,
             "cycle_speedup_p50": round(plain_p50 / cyc["p50"], 4) if cyc["p50"] else None,
             "tau": round(emitted / steps, 4) if steps else 0.0, **tot,

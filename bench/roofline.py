@@ -171,7 +171,8 @@ def format_result(r: dict) -> str:
     if d:
         lines.append(f"drive (reuse): vision on {d['new_images']} new frames {d['stages_ms']['vision']:.1f} ms, "
                      f"{d['lookup_share']:.0%} of the steps proposed by lookup (no draft step; assumed, "
-                     f"`specdrive bench --drives` measures it): speculative cycle {d['speculative']['cycle_ms']:.1f} ms "
+                     f"`specdrive bench --drives` measures it): speculative cycle "
+                     f"{d['speculative']['cycle_ms']:.1f} ms "
                      f"against {r['speculative']['cycle_ms']:.1f} ms on snapshots "
                      f"({'fits' if d['speculative']['fits'] else 'does not fit'})")
     for m in r.get("remedies", []):

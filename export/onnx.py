@@ -204,7 +204,8 @@ def _shapes(mcfg, cfg: ExportConfig, tok) -> dict:
     grid = [[1, h // v.patch, w // v.patch]] * n_img
     patches, _ = images_to_patches(np.zeros((n_img, h, w, 3), np.uint8), v.patch, v.temporal_patch, v.merge)
     llm = mcfg.target.llm
-    return {"grid": grid, "patches": list(patches.shape), "frame_patches": [patches.shape[0] // n_img, patches.shape[1]], "image_tokens": n_img * (h // side) * (w // side),
+    return {"grid": grid, "patches": list(patches.shape),
+            "frame_patches": [patches.shape[0] // n_img, patches.shape[1]], "image_tokens": n_img * (h // side) * (w // side),
             "vocab": len(tok), "hidden": llm.hidden, "layers": llm.layers, "kv_heads": llm.kv_heads,
             "head_dim": llm.head_dim}
 

@@ -137,7 +137,8 @@ class DecodeStats:
     def to_json(self) -> dict:
         return {"steps": self.steps, "emitted": self.emitted, "drafted": self.drafted,
                 "accepted": self.accepted,
-                "looked_up": self.looked_up, "looked_up_accepted": self.looked_up_accepted, "tau": round(self.tau, 4), "ks": list(self.ks),
+                "looked_up": self.looked_up, "looked_up_accepted": self.looked_up_accepted,
+                "tau": round(self.tau, 4), "ks": list(self.ks),
                 "ns": list(self.ns), "draft_ms": round(self.draft_ms, 3),
                 "verify_ms": round(self.verify_ms, 3), "branches": dict(self.branches)}
 

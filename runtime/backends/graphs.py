@@ -47,7 +47,8 @@ def check_graphs_meta(folder, meta: dict) -> None:
     want = set(GRAPHS) | ({"draft_chain"} if features == "fused" else set())
     if set(graphs) - set(OPTIONAL_GRAPHS) != want:
         raise ConfigError(f"{where}: graphs {sorted(graphs)}; a draft_features={features!r} export has exactly "
-                          f"{sorted(want)} (missing {sorted(want - set(graphs))}, unknown {sorted(set(graphs) - want - set(OPTIONAL_GRAPHS))}; optional {list(OPTIONAL_GRAPHS)})")
+                          f"{sorted(want)} (missing {sorted(want - set(graphs))}, unknown "
+                          f"{sorted(set(graphs) - want - set(OPTIONAL_GRAPHS))}; optional {list(OPTIONAL_GRAPHS)})")
     root = Path(folder).resolve()
     for name, g in graphs.items():
         if not isinstance(g, dict) or not all(k in g for k in ("file", "sha256", "inputs", "outputs")):
