@@ -51,6 +51,9 @@ def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
 
 
 def run(args) -> int:
+    if getattr(args, "drives", None) is not None:     # whole drives, reuse against none
+        from bench import drives
+        return drives.command(args)
     profile = load_planner_config(args.profile)
     cfg = bench_config(args, profile)
     if args.threads < 0:

@@ -12,7 +12,9 @@ the CPU validation shows what that leaves out). Batch 1, one cycle:
     prefill     the target over the prompt, then the draft over it (its cache is written too)
     draft step  one draft forward of one token (k of them per speculative step)
     verify(w)   one target forward of w = k + 1 tokens (w = 1: a plain decode step)
-    reasoning   plain: N verify(1); speculative: ceil(N / tau) steps of k draft steps + verify(k+1)
+    reasoning   plain: N verify(1); speculative: ceil(N / tau) steps of k draft steps + verify(k+1);
+                on drives a share of the steps is proposed by lookup (the last cycles' reasoning):
+                those cost no draft step (lookup_share)
     trajectory  the target rewrites the N reasoning rows, then `euler_steps` expert forwards over
                 samples x 64 action tokens reading the target's cache (shared by the draws)
 
@@ -106,6 +108,7 @@ class Workload:
     precision: str = "fp16"
     budget_ms: float = 100.0
     margin_ms: float = 5.0
+    lookup_share: float = 0.0          # share of speculative steps proposed by lookup (drives): no draft step
 
     def __post_init__(self):
         check_choice("precision", self.precision, PRECISIONS)
@@ -117,6 +120,7 @@ class Workload:
         check_range("euler_steps", self.euler_steps, lo=1)
         if self.encoded_images is not None:
             check_range("encoded_images", self.encoded_images, lo=0, hi=self.images)
+        check_range("lookup_share", self.lookup_share, lo=0.0, hi=1.0)
 
 
 @dataclass
@@ -285,7 +289,7 @@ def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:
     N = w.reasoning_tokens
     steps = math.ceil(N / w.tau) if w.k else N
     plain_reason = N * verify[1]
-    spec_reason = steps * (w.k * ms["draft_step"] + verify[w.k + 1]) if w.k else plain_reason
+    spec_reason = steps * ((1 - w.lookup_share) * w.k * ms["draft_step"] + verify[w.k + 1]) if w.k else plain_reason
     fixed = ms["vision"] + ms["prefill"] + ms["trajectory"]
     out = {"prompt_len": costs["prompt_len"], "stages_ms": {**ms, "verify_1": verify[1],
                                                             f"verify_{w.k + 1}": verify[w.k + 1]},
@@ -295,6 +299,16 @@ def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:
     per_token = {"plain": verify[1], "speculative": spec_reason / N if N else 0.0}
     out["tokens_in_budget"] = {m: (max(int(left // t), 0) if t > 0 else N) for m, t in per_token.items()}
     return out
+
+
+def drive(cfg: ModelConfig, dev: Device, w: Workload, new_images: int, lookup_share: float) -> dict:
+    """The cycle on a drive: the ViT encodes only the `new_images` frames not seen before (the
+    others' features are reused: every frame time on the 10 Hz grid leaves one new frame per
+    camera), and `lookup_share` of the speculative steps cost no draft step."""
+    import dataclasses
+
+    return project(cfg, dev, dataclasses.replace(w, encoded_images=min(new_images, w.images),
+                                                 lookup_share=lookup_share))
 
 
 def _cycle(fixed: float, reasoning: float, w: Workload) -> dict:

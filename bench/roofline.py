@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt.config import ConfigError, from_dict, load_yaml, read_json
-from bench.projection import Device, Workload, memory_report, project, remedies, stage_costs
+from bench.projection import Device, Workload, drive, memory_report, project, remedies, stage_costs
 
 SMALLER = {"alpamayo-r1-10b": "edge-2b"}     # the remedy "a smaller preset"
 DEVICES_FILE = Path(__file__).resolve().parent.parent / "configs" / "devices.yaml"
@@ -88,7 +88,7 @@ def run(args) -> int:
     pcfg = load_planner_config(args.profile or default_profile(args.device))
     w = workload(args, cfg, pcfg, dict(load_devices().workloads.get(args.preset, {})))
     smaller = (SMALLER[args.preset], load_preset(SMALLER[args.preset])) if args.preset in SMALLER else None
-    result = roofline(cfg, dev, w, len(pcfg.cameras), smaller)
+    result = roofline(cfg, dev, w, len(pcfg.cameras), smaller, getattr(args, "lookup_share", 0.5))
     result.update(preset=args.preset, device=args.device, peaks=peaks)
     print(format_result(result))
     if args.memory:
@@ -104,8 +104,11 @@ def run(args) -> int:
     return 0
 
 
-def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None = None) -> dict:
+def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None = None,
+             lookup_share: float = 0.5) -> dict:
     res = project(cfg, dev, w)
+    res["drive"] = {**drive(cfg, dev, w, cameras, lookup_share), "new_images": min(cameras, w.images),
+                    "lookup_share": lookup_share}
     res["workload"] = dataclasses.asdict(w)
     res["device_title"] = dev.title
     res["assumptions"] = {"compute_efficiency": dev.compute_efficiency,
@@ -171,6 +174,14 @@ def format_result(r: dict) -> str:
     lines.append(f"premise (vision + prefill + trajectory + margin <= budget): "
                  f"{'holds' if r['premise_ok'] else 'broken'}; reasoning tokens within the budget: "
                  f"plain {r['tokens_in_budget']['plain']}, speculative {r['tokens_in_budget']['speculative']}")
+    d = r.get("drive")
+    if d:
+        lines.append(f"drive (reuse): vision on {d['new_images']} new frames {d['stages_ms']['vision']:.1f} ms, "
+                     f"{d['lookup_share']:.0%} of the steps proposed by lookup (no draft step; assumed, "
+                     f"`specdrive bench --drives` measures it): speculative cycle "
+                     f"{d['speculative']['cycle_ms']:.1f} ms "
+                     f"against {r['speculative']['cycle_ms']:.1f} ms on snapshots "
+                     f"({'fits' if d['speculative']['fits'] else 'does not fit'})")
     for m in r.get("remedies", []):
         line = f"  remedy: {m['remedy']}: alone {m['alone_ms']:.0f} ms ({'fits' if m['alone_fits'] else 'no'})"
         if "cumulative_ms" in m:

@@ -32,6 +32,7 @@ ARCH = {87: "Ampere (Orin)", 89: "Ada", 90: "Hopper", 100: "Blackwell", 110: "Bl
 class GraphPrecision:
     """The precision each exported graph is built in (export/onnx.py names the graphs)."""
     vision: str = "fp16"
+    vision_frame: str = "fp16"       # the one-image vision graph (reuse.vision)
     prefill: str = "fp16"
     step: str = "fp16"
     draft_prefill: str = "fp16"

@@ -6,6 +6,8 @@ TensorRT) runs, traced from the models' one forward, with a meta.json that says 
 Graphs (opset 18, fp32, standard ONNX ops; T = a dynamic row count, L = max_len):
 
     vision          patches (P, C*tp*p*p)                       -> image_embeds (N, D), deepstack (S, N, D)
+    vision_frame    the same for one image (P / images rows): the runtime encodes only the frames a
+                    planner has not seen (reuse.vision); images are encoded independently
     prefill         ids (1, T), cos, sin (1, T, hd), image_embeds, deepstack, allowed (T, V)
                     -> logits (1, T, V) masked, argmax (1, T), feats (1, T, F), kv (layers, 2, 1, KVH, T, hd)
     step            ids (1, T), cos, sin, cache (layers, 2, 1, KVH, L, hd), start (1,), allowed
@@ -217,7 +219,8 @@ def _shapes(mcfg, cfg: ExportConfig, tok) -> dict:
     grid = [[1, h // v.patch, w // v.patch]] * n_img
     patches, _ = images_to_patches(np.zeros((n_img, h, w, 3), np.uint8), v.patch, v.temporal_patch, v.merge)
     llm = mcfg.target.llm
-    return {"grid": grid, "patches": list(patches.shape), "image_tokens": n_img * (h // side) * (w // side),
+    return {"grid": grid, "patches": list(patches.shape),
+            "frame_patches": [patches.shape[0] // n_img, patches.shape[1]], "image_tokens": n_img * (h // side) * (w // side),
             "vocab": len(tok), "hidden": llm.hidden, "layers": llm.layers, "kv_heads": llm.kv_heads,
             "head_dim": llm.head_dim}
 
@@ -243,6 +246,8 @@ def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig, host_map
     row = {1: "T"}
     out = [
         ("vision", VisionGraph(target, s["grid"]), (torch.randn(*s["patches"]),),
+         (["patches"], ["image_embeds", "deepstack"]), None),
+        ("vision_frame", VisionGraph(target, s["grid"][:1]), (torch.randn(*s["frame_patches"]),),
          (["patches"], ["image_embeds", "deepstack"]), None),
         ("prefill", PrefillGraph(target, layers), (pids, pcos, psin, *img, torch.ones(N + 3, V, dtype=torch.bool)),
          (["ids", "cos", "sin", "image_embeds", "deepstack", "allowed"], ["logits", "argmax", "feats", "kv"]),

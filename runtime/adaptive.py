@@ -41,9 +41,10 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def best_k(a: float, costs: CostModel, k_max: int, pending: int = 1) -> int:
-    """argmax over k in 1..k_max of E(k) / C(k) (tokens per ms)."""
-    rates = [expected_tokens(a, k) / max(costs.step_expected(k, pending), 1e-9) for k in range(1, k_max + 1)]
+def best_k(a: float, costs: CostModel, k_max: int, pending: int = 1, draft: bool = True) -> int:
+    """argmax over k in 1..k_max of E(k) / C(k) (tokens per ms); draft=False: proposals that cost
+    no draft step (lookup), C(k) = c_verify(k + 1)."""
+    rates = [expected_tokens(a, k) / max(costs.step_expected(k, pending, draft), 1e-9) for k in range(1, k_max + 1)]
     return 1 + int(np.argmax(rates))
 
 
@@ -53,16 +54,25 @@ class StepPolicy:
     end the phase. Every step's costs are recorded, whatever chose k."""
 
     def __init__(self, costs: CostModel, k: int, adaptive: bool, k_max: int, cap=None,
-                 rate: AcceptanceRate | None = None):
+                 rate: AcceptanceRate | None = None, free_rate: AcceptanceRate | None = None):
         self.costs, self.k, self.adaptive, self.k_max, self.cap = costs, k, adaptive, k_max, cap
         self.rate = rate or AcceptanceRate()
+        self.free_rate = free_rate or AcceptanceRate()     # of lookup proposals (no draft cost)
 
-    def next_k(self, pending: int) -> int | None:
+    def next_k(self, pending: int, free: bool = False) -> int | None:
+        """free: a lookup proposal waits: k by its own acceptance rate at no draft cost (fixed-k
+        modes keep their k; plain decoding, k = 0, takes the adaptive choice), and the budget
+        caps it by the verify pass alone."""
+        if free:
+            keep = self.k and not self.adaptive
+            k = self.k if keep else best_k(self.free_rate.value, self.costs, self.k_max, pending, draft=False)
+            return self.cap(k, pending, free=True) if self.cap else k
         k = best_k(self.rate.value, self.costs, self.k_max, pending) if self.adaptive else self.k
         return self.cap(k, pending) if self.cap else k
 
-    def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int) -> None:
-        self.rate.observe(k, n)
-        if k:
+    def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int,
+                free: bool = False) -> None:
+        (self.free_rate if free else self.rate).observe(k, n)
+        if k and not free:
             self.costs.observe("draft", draft_ms / k)
         self.costs.observe(("verify", width), verify_ms)

@@ -9,6 +9,8 @@ lengths: a call that feeds tokens at `start` writes rows start..start+n-1 and at
 it are stale, never erased, and overwritten later.
 
     vision(images)                  encode the camera images, keep the embeddings
+    vision_frames(images)           encode (n, H, W, 3) frames -> n per-frame features (reuse)
+    use_vision(features)            keep one cycle's per-frame features (camera-major) for prefill
     prefill(inputs, readout)        write the prompt into target (and draft) caches; row T-1
     set_mask(allowed, first)        tokens allowed from now on (masked logits -> -inf); a
                                     (P, V) mask is periodic: sequence index i uses row
@@ -110,6 +112,8 @@ class Backend(abc.ABC):
     # then never runs two expert batches at once.
     concurrent_action = False
     fused = False                   # the draft reads the target's features (EAGLE-style)
+    # reuses_vision: vision_frames / use_vision exist (PlannerConfig.reuse.vision, runtime/reuse.py)
+    reuses_vision = False
     vocab_size: int
     max_len: int                    # cache capacity in tokens
 
@@ -151,6 +155,16 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release engine resources (streams, graphs, sessions)."""
+
+    def vision_frames(self, images: np.ndarray) -> list:
+        """Encode uint8 frames (n, H, W, 3), each on its own -> n opaque per-frame features, the
+        rows vision() would give those frames (images are encoded independently)."""
+        raise ConfigError(f"backend {self.name!r} cannot encode frames one by one: turn reuse.vision off")
+
+    def use_vision(self, frames: list) -> None:
+        """Keep the features of one cycle's images (vision_frames' values, camera-major) for prefill,
+        as vision(images) would."""
+        raise ConfigError(f"backend {self.name!r} cannot take reused vision features: turn reuse.vision off")
 
     # --- host logic shared by every backend --------------------------------------------------
     def check_rows(self, start: int, n: int) -> None:

@@ -106,11 +106,12 @@ class CostModel:
             return max(f * guess, self.prior(key)) if guess else self.prior(key)
         return self.prior(key)
 
-    def step_worst(self, k: int, pending: int = 1) -> float:
-        return k * self.worst("draft") + self.worst(("verify", pending + k))
+    def step_worst(self, k: int, pending: int = 1, draft: bool = True) -> float:
+        """draft=False: a lookup proposal, no draft step (only the verify pass costs)."""
+        return k * self.worst("draft") * draft + self.worst(("verify", pending + k))
 
-    def step_expected(self, k: int, pending: int = 1) -> float:
-        return k * self.expected("draft") + self.expected(("verify", pending + k))
+    def step_expected(self, k: int, pending: int = 1, draft: bool = True) -> float:
+        return k * self.expected("draft") * draft + self.expected(("verify", pending + k))
 
     def premise(self, cfg: BudgetConfig) -> dict:
         """W(prompt) + W(vision) + W(prefill) + W(trajectory) + margin against the budget (ms)."""
@@ -189,14 +190,15 @@ class CycleBudget:
         left = self.left_ms() - self.reserve_ms() if self.cfg.enabled else cap_ms
         return max(min(left, cap_ms), 0.0) / 1e3
 
-    def cap(self, k: int, pending: int = 1) -> int | None:
-        """Largest k' <= k with now + W(step k') + R <= D, or None: close the reasoning."""
+    def cap(self, k: int, pending: int = 1, free: bool = False) -> int | None:
+        """Largest k' <= k with now + W(step k') + R <= D, or None: close the reasoning. free: the
+        k' proposals cost no draft step (lookup)."""
         self._check_last_step()
         if not self.cfg.enabled:
             return k
         left = self.left_ms() - self.reserve_ms()
         for kk in range(k, -1, -1):
-            worst = self.costs.step_worst(kk, pending)
+            worst = self.costs.step_worst(kk, pending, draft=not free)
             if worst <= left:
                 self._step = (self.clock(), worst)
                 return kk

@@ -112,6 +112,28 @@ class CheckConfig:
 
 
 @dataclass
+class ReuseConfig:
+    """What a planner keeps across cycles (runtime/reuse.py); off by default: exact either way.
+    vision: a frame's vision features are kept, keyed by its identity (camera, timestamp) when
+    plan() is given frames, else by a content hash, and checked against a full content digest
+    (other pixels under a known identity are encoded afresh). lookup: the last cycles'
+    reasoning proposes the continuation of the tokens just accepted (prompt-lookup drafting,
+    no draft model call), the model draft where nothing matches."""
+    vision: bool = False
+    lookup: bool = False
+    max_frames: int = 32         # cached frames at most (a drive cycle: 4 cameras x 2 frames, the
+                                 # older one seen 5 cycles before: 4 x 6 distinct times live)
+    lookup_cycles: int = 4       # reasoning texts of that many last cycles are searched
+    lookup_ngram: int = 2        # the shortest tail of the accepted tokens that must match (1..8)
+
+    def __post_init__(self):
+        check_types(self)
+        check_range("reuse.max_frames", self.max_frames, lo=1, hi=4096)
+        check_range("reuse.lookup_cycles", self.lookup_cycles, lo=1, hi=64)
+        check_range("reuse.lookup_ngram", self.lookup_ngram, lo=1, hi=8)
+
+
+@dataclass
 class PlannerConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -127,6 +149,7 @@ class PlannerConfig:
     cameras: tuple[str, ...] = CAMERAS
     image_hw: tuple[int, ...] = (64, 96)
     frames: int = 2
+    reuse: ReuseConfig = field(default_factory=ReuseConfig)
 
     def __post_init__(self):
         check_types(self)
@@ -143,6 +166,10 @@ class PlannerConfig:
         if len(self.image_hw) != 2 or min(self.image_hw) < 1:
             raise ConfigError(f"image_hw={list(self.image_hw)!r} must be [height, width], both >= 1")
         check_range("frames", self.frames, lo=1)
+        if self.reuse.vision and self.reuse.max_frames < len(self.cameras) * self.frames:
+            raise ConfigError(f"reuse.max_frames={self.reuse.max_frames} holds less than one cycle's "
+                              f"{len(self.cameras)} cameras x {self.frames} frames; allowed >= "
+                              f"{len(self.cameras) * self.frames}")
         if self.spec.relax_r and self.trajectory != "tokens":
             raise ConfigError(f"spec.relax_r={self.spec.relax_r} only applies to trajectory='tokens' "
                               "(trajectory tokens are masked while reasoning)")

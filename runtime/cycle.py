@@ -148,6 +148,7 @@ class CycleResult:
     decode: dict = field(default_factory=dict)
     timing: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    reuse: dict = field(default_factory=dict)    # what came from earlier cycles (PlannerConfig.reuse)
 
     @property
     def ok(self) -> bool:
@@ -162,7 +163,7 @@ class CycleResult:
                 "reasoning_ids": [int(i) for i in self.reasoning_ids], "stop_reason": self.stop_reason,
                 "prompt_len": self.prompt_len,
                 "checks": list(self.checks), "decode": self.decode, "timing": self.timing,
-                "notes": list(self.notes), "trajectory": traj})
+                "notes": list(self.notes), "reuse": self.reuse, "trajectory": traj})
 
 
 def finite(obj):

@@ -11,6 +11,11 @@ A step feeds the target seq[t_len:] + draft (width w = pending + k) and the draf
 the draft keeps min(n, k-1) of its proposals. When all k are accepted d[k-1] was never fed to
 the draft: it stays pending and the next draft call feeds it first (the cache is filled then).
 k = 0 is a plain target step (width 1, no draft call): plain decoding is this loop with k = 0.
+
+A lookup (runtime/reuse.py CycleLookup), when given, is asked first: its proposal (the last
+cycles' reasoning after the tokens just accepted) is verified like a draft, the draft model is
+not called and d_len stays where it was (the draft is fed what it missed at its next call). The
+policy chooses its k with no draft cost; for sampling the proposal is a point mass q = onehot.
 """
 from __future__ import annotations
 
@@ -107,6 +112,7 @@ class StepRecord:
     width: int              # tokens in the verify pass (pending + k)
     draft_ms: float
     verify_ms: float
+    source: str = "model"   # who proposed: "model" (the draft), "lookup" (reuse), "none" (k = 0)
 
 
 @dataclass
@@ -115,6 +121,8 @@ class DecodeStats:
     emitted: int = 0
     drafted: int = 0
     accepted: int = 0
+    looked_up: int = 0          # proposals from the lookup (in drafted), and how many were accepted
+    looked_up_accepted: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     ks: list = field(default_factory=list)
@@ -128,17 +136,21 @@ class DecodeStats:
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "emitted": self.emitted, "drafted": self.drafted,
-                "accepted": self.accepted, "tau": round(self.tau, 4), "ks": list(self.ks),
+                "accepted": self.accepted,
+                "looked_up": self.looked_up, "looked_up_accepted": self.looked_up_accepted,
+                "tau": round(self.tau, 4), "ks": list(self.ks),
                 "ns": list(self.ns), "draft_ms": round(self.draft_ms, 3),
                 "verify_ms": round(self.verify_ms, 3), "branches": dict(self.branches)}
 
 
 def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int,
-           reserve: int = 0, clock=wall_ms, stats: DecodeStats | None = None, observer=None) -> str:
+           reserve: int = 0, clock=wall_ms, stats: DecodeStats | None = None, observer=None,
+           lookup=None) -> str:
     """Step until seq ends with a stop id ("stop"), reaches `limit` tokens ("limit"), the cache
     (less `reserve` rows kept for the trajectory tail) is full ("max_len"), or the policy
     returns None ("budget"). Returns the reason; `state` and `stats` are updated in place;
-    `observer(StepRecord)`, when given, sees every step."""
+    `observer(StepRecord)`, when given, sees every step; `lookup.propose(seq, k)`, when given,
+    is tried before the draft (module docstring)."""
     stats = stats if stats is not None else DecodeStats()
     stops = {int(s) for s in stop_ids}
     while True:
@@ -147,22 +159,31 @@ def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int
         room = min(limit - len(state.seq) - 1, backend.max_len - reserve - len(state.seq))
         if room < 0:
             return "limit" if len(state.seq) >= limit else "max_len"
-        k = policy.next_k(len(state.seq) - state.t_len)
+        pending = len(state.seq) - state.t_len
+        proposal = lookup.propose(state.seq, min(policy.k_max, room)) if lookup is not None else None
+        free = proposal is not None and len(proposal) > 0
+        k = policy.next_k(pending, free=True) if free else policy.next_k(pending)
         if k is None:
             return "budget"
+        if free:
+            k = min(k, len(proposal))
         if k > room:
             k = room
             stats.branches["max_length"] += 1
-        step(backend, state, rule, policy, k, stops, clock, stats, observer)
+        step(backend, state, rule, policy, k, stops, clock, stats, observer,
+             proposal[:k] if free and k else None)
 
 
 def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, stats: DecodeStats,
-         observer=None) -> None:
-    """One draft -> verify -> accept step of draft length k (k = 0: a plain target step)."""
+         observer=None, proposal=None) -> None:
+    """One draft -> verify -> accept step of draft length k (k = 0: a plain target step); a
+    lookup `proposal` (k,) stands in for the draft: no draft call, q = onehot(proposal)."""
     pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
     t0 = clock()
     draft, q = np.zeros(0, np.int64), None
-    if k:
+    if proposal is not None:
+        draft = np.asarray(proposal, dtype=np.int64)
+    elif k:
         with span("draft"):
             draft, q = backend.draft(np.asarray(state.seq[state.d_len:], np.int64), state.d_len, k,
                                      rule.sampling(k))
@@ -171,6 +192,9 @@ def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, s
     with span("verify"):
         rows = backend.verify(np.concatenate([pending, draft]), state.t_len, rule.readout)
     t2 = clock()
+    if proposal is not None and rule.readout == "logits":   # a point-mass draft: q(x) = 1
+        q = np.zeros((k, rows.shape[-1]), np.float32)
+        q[np.arange(k), draft] = 1.0
     with span("accept"):
         n, t = rule.accept(draft, q, rows[len(pending) - 1:])
     emitted = [int(x) for x in draft[:n]] + [t]
@@ -179,22 +203,30 @@ def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, s
         stats.branches["stop_in_block"] += 1     # tokens after an accepted stop are dropped
     if cut is not None:
         emitted = emitted[:cut + 1]
-    if k:   # the draft was fed seq[d_len:] and d[:k-1]; those now in seq may stay valid
+    if k and proposal is None:   # the draft was fed seq[d_len:] and d[:k-1]; those now in seq may stay valid
         kept = min(n, k - 1, len(emitted)) if backend.draft_keeps_proposals else 0
         state.d_len = len(state.seq) + kept
     state.seq.extend(emitted)
     state.t_len = len(state.seq) - 1
-    policy.observe(k, n, t1 - t0, t2 - t1, len(pending) + k)
-    _count(stats, k, n, len(emitted), t1 - t0, t2 - t1)
+    source = "none" if not k else "model" if proposal is None else "lookup"
+    if source == "lookup":      # no draft cost to learn; the lookup's own acceptance rate
+        policy.observe(k, n, 0.0, t2 - t1, len(pending) + k, free=True)
+    else:
+        policy.observe(k, n, t1 - t0, t2 - t1, len(pending) + k)
+    _count(stats, k, n, len(emitted), t1 - t0, t2 - t1, source)
     if observer is not None:
-        observer(StepRecord(k, draft, n, len(pending) + k, t1 - t0, t2 - t1))
+        observer(StepRecord(k, draft, n, len(pending) + k, t1 - t0, t2 - t1, source))
 
 
-def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, verify_ms: float) -> None:
+def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, verify_ms: float,
+           source: str = "model") -> None:
     stats.steps += 1
     stats.emitted += emitted
     stats.drafted += k
     stats.accepted += n
+    if source == "lookup":
+        stats.looked_up += k
+        stats.looked_up_accepted += n
     stats.draft_ms += draft_ms
     stats.verify_ms += verify_ms
     stats.ks.append(k)
@@ -204,7 +236,7 @@ def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, ve
 
 
 def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, clock=wall_ms,
-             positions=None, rope_delta: int = 0, observer=None):
+             positions=None, rope_delta: int = 0, observer=None, lookup=None):
     """Prefill a token prompt and decode up to max_new tokens -> (new tokens, reason, stats).
 
     For text-only prompts (benchmarks, tests, training's acceptance measurements): positions
@@ -216,5 +248,5 @@ def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, cl
     state = DecodeState.after_prefill(ids, rule.first(row))
     stats = DecodeStats()
     reason = decode(backend, state, rule, policy, stop_ids=stop_ids, limit=len(ids) + max_new,
-                    clock=clock, stats=stats, observer=observer)
+                    clock=clock, stats=stats, observer=observer, lookup=lookup)
     return state.seq[len(ids):], reason, stats

@@ -2,6 +2,11 @@
 
     planner = Planner(backend, tokenizer, PlannerConfig(...))
     result = planner.plan(images, history)      # images (4, 2, H, W, 3) uint8 or {camera: (2, H, W, 3)}
+    result = planner.plan(images, history, frames=[[("front_wide", 0.5), ("front_wide", 1.0)], ...])
+
+With PlannerConfig.reuse on, the planner remembers across cycles (runtime/reuse.py): vision
+features of frames seen before (keyed by `frames`, the (camera, time_s) of each image, else by
+content) and the last cycles' reasoning as a zero-cost draft; both exact.
 
 A cycle: check inputs -> vision -> prefill -> [fallback trajectory from the prefill cache:
 in a worker beside the reasoning, inline, or only on failure] -> reasoning (speculative, under
@@ -22,10 +27,12 @@ from runtime.backend import PrefillInputs
 from runtime.budget import CostModel, CycleBudget, wall_ms
 from runtime.checks import check_history, check_speed, check_trajectory, comfortable_stop
 from runtime.config import PlannerConfig
+from prompt.config import ConfigError
 from runtime.cycle import (FUTURE_TOKENS, CycleResult, InputError, check_images, check_setup, cycle_prompt,
                            future_from_tokens, future_mask, reserve_rows)
 from runtime.fallback import Fallback
 from runtime.loop import DecodeState, DecodeStats, decode, make_rule
+from runtime.reuse import CycleLookup, Lookup, VisionCache, frame_keys
 from runtime.trace import span
 
 class Planner:
@@ -37,7 +44,13 @@ class Planner:
         self.clock = clock
         check_setup(backend, tokenizer, self.cfg)
         self.costs = CostModel(self.cfg.budget)     # learnt across cycles: the worst cases
-        self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate()}
+        self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate(), "lookup": AcceptanceRate()}
+        reuse = self.cfg.reuse
+        if reuse.vision and not backend.reuses_vision:
+            raise ConfigError(f"reuse.vision: backend {backend.name!r} cannot encode frames one by one; "
+                              "turn reuse.vision off for it")
+        self.vision_cache = VisionCache(reuse.max_frames) if reuse.vision else None
+        self.lookup = Lookup(reuse.lookup_cycles, reuse.lookup_ngram) if reuse.lookup else None
         self.rng = np.random.default_rng(self.cfg.spec.seed)
         self.range_ids = trajectory_range_ids(tokenizer)
         self.fallback = Fallback(backend, self.cfg, self.costs)
@@ -58,21 +71,32 @@ class Planner:
         self.fallback.settle()
         self.premise = self.costs.premise(self.cfg.budget)
         self.cycles = 0
+        self.forget()
         return self.premise
+
+    def forget(self) -> None:
+        """Drop what earlier cycles left for reuse (a new drive, after warm-up)."""
+        if self.vision_cache is not None:
+            self.vision_cache.clear()
+        if self.lookup is not None:
+            self.lookup.clear()
 
     def close(self) -> None:
         self.fallback.close()
         self.backend.close()
 
-    def plan(self, images, history, scene: str | None = None) -> CycleResult:
+    def plan(self, images, history, scene: str | None = None, frames=None) -> CycleResult:
         """One planning cycle; never raises (bad input, a backend fault, even a fault of the
-        planner itself end in an error and, when the speed is known, a stop)."""
+        planner itself end in an error and, when the speed is known, a stop). `frames`: the
+        identity of each image, (cameras, frames) (camera, time_s) pairs or {camera: [time_s]}
+        (runtime/reuse.py frame_keys), for reuse.vision; without it frames are keyed by content."""
         self.cycles += 1
         budget = CycleBudget(self.cfg.budget, self.costs, self.clock)
         res = CycleResult(cycle=self.cycles, scene=scene)
         try:
             self.fallback.drain(budget, res)
             images, v0 = self._check_inputs(images, history, res)
+            keys = frame_keys(frames, self.cfg)
         except InputError as e:
             return self._fail_inputs(res, budget, str(e), "input_error")
         except Exception as e:
@@ -80,7 +104,7 @@ class Planner:
         cycle = _Cycle(self, res, budget, v0, int(self.rng.integers(2**31)))
         self.fallback.begin_cycle()
         try:
-            cycle.run(images, history)
+            cycle.run(images, history, keys)
         except Exception as e:
             return self._fail_inputs(res, budget, f"planner fault: {e!r}", "planner_error")
         finally:     # a running fallback the cycle never read: the next cycle waits for it
@@ -119,12 +143,12 @@ class _Cycle:
         self.fallback = planner.fallback
         self.prefilled = False        # rows [0, prompt_len) of the target cache are this cycle's
 
-    def run(self, images, history) -> None:
+    def run(self, images, history, keys=None) -> None:
         try:
             with self.budget.stage("prompt"):     # host work: ~37 ms a cycle counted by no stage before
                 inputs = self._prompt(images, history)
             with self.budget.stage("vision"):
-                self.be.vision(images)
+                self._vision(images, keys)
             state = self._prefill(inputs)
             self.prefilled = True
         except InputError as e:
@@ -147,6 +171,17 @@ class _Cycle:
             self._deliver(None, error=f"reasoning or trajectory failed: {e!r}", flag="reasoning_failed")
             return
         self._deliver(traj)
+
+    def _vision(self, images, keys) -> None:
+        cache = self.p.vision_cache
+        if cache is None:
+            self.be.vision(images)
+            return
+        self.res.reuse["vision"] = got = cache.encode(self.be, images, keys)
+        if got["changed"]:
+            self.res.flags.append("frame_changed")
+            self.res.notes.append(f"{got['changed']} frame(s) came again under a known (camera, time) "
+                                  "with other pixels: encoded afresh, the old features dropped")
 
     def _final_trajectory(self, state: DecodeState) -> np.ndarray:
         """The trajectory stage, after the expert is free of a running fallback (bounded)."""
@@ -185,16 +220,21 @@ class _Cycle:
         their whole decode is the trajectory stage. Each phase keeps its acceptance rate."""
         spec, reasoning = self.cfg.spec, phase == "reasoning"
         return StepPolicy(self.p.costs, spec.k, spec.adaptive and spec.k > 0, spec.k_max,
-                          cap=self.budget.cap if reasoning else None, rate=self.p.rates[phase])
+                          cap=self.budget.cap if reasoning else None, rate=self.p.rates[phase],
+                          free_rate=self.p.rates["lookup"])
 
     def _reason(self, state: DecodeState) -> None:
-        stats, tok = DecodeStats(), self.tok
+        stats, tok, store = DecodeStats(), self.tok, self.p.lookup
+        lookup = None if store is None else CycleLookup(store, self.prompt_len - 1)   # from <|cot_start|>
         with self.budget.stage("reasoning"):
             reason = decode(self.be, state, self._rule("reasoning"), self._policy("reasoning"),
                             stop_ids=(tok.cot_end,), limit=self.prompt_len + self.cfg.max_reasoning_tokens,
                             reserve=reserve_rows(self.cfg, self.tok), clock=self.budget.clock, stats=stats,
-                            observer=self.p.observer)
+                            observer=self.p.observer, lookup=lookup)
         self.budget.end_reasoning()
+        if store is not None:     # what the target accepted (a forced <|cot_end|> is not)
+            store.remember(state.seq[self.prompt_len - 1:])
+            self.res.reuse["lookup"] = {"proposed": stats.looked_up, "accepted": stats.looked_up_accepted}
         if reason != "stop":      # close the reasoning: <|cot_end|> forced
             self.res.flags.append("budget_cut" if reason == "budget" else "reasoning_truncated")
             state.force([tok.cot_end])

@@ -29,6 +29,7 @@ N_POS = 64
 
 class TableBackend(Backend):
     name = "table"
+    reuses_vision = True
 
     def __init__(self, vocab_size: int, max_len: int = 512, dim: int = 16, seed: int = 0,
                  draft_noise: float = 0.0, stop_id: int | None = None, stop_slope: float = 0.0,
@@ -55,7 +56,7 @@ class TableBackend(Backend):
         self.image_feats = None
         self.prompt_len, self.rope_delta = 0, 0
         self.clock, self.costs = clock, dict(costs or {})
-        self.calls = {"vision": 0, "prefill": 0, "draft": 0, "verify": 0, "action": 0}
+        self.calls = {"vision": 0, "vision_frames": 0, "prefill": 0, "draft": 0, "verify": 0, "action": 0}
 
     # --- the Backend calls ---------------------------------------------------------------
     def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
@@ -70,6 +71,15 @@ class TableBackend(Backend):
         self._tick("vision")
         flat = images.reshape(-1, images.shape[-3] * images.shape[-2], 3).astype(np.float32)
         self.image_feats = (flat.mean(axis=1) / 255.0) @ self.img_proj          # (n_images, D)
+
+    def vision_frames(self, images: np.ndarray) -> list:
+        """Per frame its (D,) feature row, as vision() computes it (costs: per frame)."""
+        self._tick("vision_frames", len(images))
+        flat = np.asarray(images).reshape(len(images), -1, 3).astype(np.float32)
+        return list((flat.mean(axis=1) / 255.0) @ self.img_proj)
+
+    def use_vision(self, frames: list) -> None:
+        self.image_feats = np.stack(frames)
 
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         self._tick("prefill")

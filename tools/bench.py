@@ -4,6 +4,7 @@
                     [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive]
                     [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T]
                     --json OUT [--plot PNG] [--accept-plot PNG]
+    specdrive bench ... --drives DIR [--drive-count N] [--cycles C] --json OUT
 
 What it measures and writes: bench/command.py (the library this command calls).
 """
@@ -55,6 +56,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", type=Path, help="speedup plot (default: OUT with .png)")
     p.add_argument("--accept-plot", type=Path, help="where-accepted picture (default: OUT_accept.png)")
     p.add_argument("--picture-scene", type=int, default=0, help="scene index of the where-accepted picture")
+    p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
+                   "through plain, speculative and reuse modes instead of snapshots (bench/drives.py)")
+    p.add_argument("--drive-count", type=int, default=4, help="drives of the split to run (--drives; default 4)")
+    p.add_argument("--cycles", type=int, default=30, help="cycles per drive at most (--drives; default 30, 0 = all)")
     p.set_defaults(run=command.run)
 
 

@@ -32,6 +32,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--draft-vocab", type=count(0), default=0,
                    help="draft LM head rows (0: the target's head; N: a reduced head)")
     p.add_argument("--encoded-images", type=int, help="images the ViT encodes per cycle (reuse)")
+    p.add_argument("--lookup-share", type=float, default=0.5, help="drives row: share of speculative steps "
+                   "proposed by lookup (default 0.5, assumed; `specdrive bench --drives` measures it)")
     p.add_argument("--threads", type=count(1), default=1, help="torch threads of the cpu microbenchmark")
     p.add_argument("--memory", action="store_true", help="add the memory report")
     p.add_argument("--validate", type=input_file, help="a `specdrive profile` stats.json: measured / projected")

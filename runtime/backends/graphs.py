@@ -22,6 +22,7 @@ from runtime.backend import Backend, expert_noise, mask_rows, periodic_mask
 FORMAT_VERSION = 1       # export/onnx.py's FORMAT_VERSION and OPSET: what this runtime reads
 OPSET = 18
 GRAPHS = ("vision", "prefill", "step", "draft_prefill", "draft_feed", "action_velocity", "action_output")
+OPTIONAL_GRAPHS = ("vision_frame",)   # one image at a time (reuse.vision); older exports lack it
 DRAFT_FEATURES = ("fused", "none")     # fused drafts add draft_chain (features: the draft's own hidden)
 
 
@@ -45,9 +46,10 @@ def check_graphs_meta(folder, meta: dict) -> None:
     if features not in DRAFT_FEATURES:
         raise ConfigError(f"{where}: draft_features {features!r}; allowed {list(DRAFT_FEATURES)}")
     want = set(GRAPHS) | ({"draft_chain"} if features == "fused" else set())
-    if set(graphs) != want:
+    if set(graphs) - set(OPTIONAL_GRAPHS) != want:
         raise ConfigError(f"{where}: graphs {sorted(graphs)}; a draft_features={features!r} export has exactly "
-                          f"{sorted(want)} (missing {sorted(want - set(graphs))}, unknown {sorted(set(graphs) - want)})")
+                          f"{sorted(want)} (missing {sorted(want - set(graphs))}, unknown "
+                          f"{sorted(set(graphs) - want - set(OPTIONAL_GRAPHS))}; optional {list(OPTIONAL_GRAPHS)})")
     root = Path(folder).resolve()
     for name, g in graphs.items():
         if not isinstance(g, dict) or not all(k in g for k in ("file", "sha256", "inputs", "outputs")):
@@ -64,6 +66,11 @@ def _dims(graph: dict, name: str, side: str = "inputs") -> list | None:
     return next((t["shape"] for t in graph[side] if t.get("name") == name), None)
 
 
+def output_dims(graph: dict, name: str) -> list:
+    """The declared shape of a graph output (meta.json)."""
+    return _dims(graph, name, "outputs")
+
+
 def _check_declared_shapes(where: str, meta: dict, graphs: dict, features: str) -> None:
     p, v, t, d = meta["prompt"], meta["vision"], meta["target"], meta["draft_llm"]
     images = np.zeros((p["cameras"] * p["frames"], *p["image_hw"], 3), np.uint8)
@@ -76,6 +83,8 @@ def _check_declared_shapes(where: str, meta: dict, graphs: dict, features: str) 
                           f"frames gives the patch grid {np.asarray(grid).tolist()[:1]}..., but grid_thw is "
                           f"{p['grid_thw'][:1]}...: the graphs were exported for another image size")
     wants = [("vision", "patches", list(patches.shape))]
+    if "vision_frame" in graphs:
+        wants.append(("vision_frame", "patches", [patches.shape[0] // len(images), patches.shape[1]]))
     fused = features == "fused"
     for graph in ("draft_feed", "draft_prefill"):
         if (_dims(graphs[graph], "feats") is not None) != fused:
@@ -89,6 +98,20 @@ def _check_declared_shapes(where: str, meta: dict, graphs: dict, features: str) 
         if got != shape:
             raise ConfigError(f"{where}: graph {graph!r} input {inp!r} is declared {got}, but the meta.json facts "
                               f"give {shape}: declarations that do not fit the graphs")
+
+
+def split_frames(images: np.ndarray, run, n_images: int) -> list:
+    """Per-frame (embeds (t, D), deepstack (S, t, D)) of `images` (n, H, W, 3) through `run`, a
+    vision graph of a fixed n_images: the frames in chunks, the last padded by repeating a frame
+    (images are encoded independently, so the padding changes no other frame's rows)."""
+    out = []
+    for i in range(0, len(images), n_images):
+        chunk = images[i:i + n_images]
+        pad = np.concatenate([chunk, np.repeat(chunk[-1:], n_images - len(chunk), 0)])
+        embeds, deep = run(pad)
+        t = embeds.shape[0] // n_images
+        out += [(embeds[j * t:(j + 1) * t].copy(), deep[:, j * t:(j + 1) * t].copy()) for j in range(len(chunk))]
+    return out
 
 
 class GraphBackend(Backend):
@@ -149,6 +172,11 @@ class GraphBackend(Backend):
             raise ConfigError(f"images {tuple(image_shape)}: these graphs were exported for {want} "
                               "(cameras, frames, H, W, RGB)")
         return np.asarray(p["grid_thw"], np.int64), self.meta["vision"]["merge"]
+
+    @property
+    def n_images(self) -> int:
+        """Images per cycle the vision graph was exported for."""
+        return len(self.meta["prompt"]["grid_thw"])
 
     def patches(self, images: np.ndarray) -> np.ndarray:
         v = self.meta["vision"]

@@ -27,7 +27,7 @@ import onnxruntime as ort
 
 from prompt.config import ConfigError, file_sha256
 from runtime.backend import BackendSpec, PrefillInputs, check_tokenizer
-from runtime.backends.graphs import GraphBackend
+from runtime.backends.graphs import GraphBackend, split_frames
 
 FORMAT = "specdrive-onnx"
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
@@ -37,6 +37,7 @@ PROVIDERS = {"cpu": ["CPUExecutionProvider"],
 
 class OrtBackend(GraphBackend):
     name = "onnxruntime"
+    reuses_vision = True
 
     def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None,
                  threads: int = 0, tokenizer=None):
@@ -59,6 +60,18 @@ class OrtBackend(GraphBackend):
     # --- vision and prefill ------------------------------------------------------------------
     def vision(self, images: np.ndarray) -> None:
         self.images = self._run("vision", patches=self.patches(images))
+
+    def vision_frames(self, images: np.ndarray) -> list:
+        """(embeds (n, D), deepstack (S, n, D)) per frame: the vision_frame graph once per new
+        frame; an export without it runs the whole vision graph on the frames padded to its
+        image count (exact, as fast as vision())."""
+        images = np.asarray(images)
+        if "vision_frame" in self.sessions:
+            return [tuple(self._run("vision_frame", patches=self.patches(f[None]))) for f in images]
+        return split_frames(images, lambda x: self._run("vision", patches=self.patches(x)), self.n_images)
+
+    def use_vision(self, frames: list) -> None:
+        self.images = (np.concatenate([f[0] for f in frames]), np.concatenate([f[1] for f in frames], axis=1))
 
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)[None]

@@ -46,7 +46,7 @@ import numpy as np
 
 from prompt.config import ConfigError, file_sha256
 from runtime.backend import BackendSpec, PrefillInputs, check_readout, check_tokenizer
-from runtime.backends.graphs import GraphBackend
+from runtime.backends.graphs import GraphBackend, output_dims, split_frames
 
 INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer` (TensorRT 10.3); on "
            "DRIVE OS 6 TensorRT 8.6 comes with the DRIVE OS SDK; on x86 GPUs: `pip install tensorrt`; "
@@ -239,6 +239,7 @@ class GraphRunner:
 
 class TensorRTBackend(GraphBackend):
     name = "tensorrt"
+    reuses_vision = True
 
     def __init__(self, folder: Path, meta: dict, manifest: dict, max_len: int | None = None,
                  k_max: int | None = None, eager: bool = False, libraries=None, tokenizer=None):
@@ -328,6 +329,41 @@ class TensorRTBackend(GraphBackend):
         self.cuda.h2d(e.buf["patches"], host, self.stream)
         e.run({})
         self.has_images = True
+
+    def vision_frames(self, images: np.ndarray) -> list:
+        """(embeds (n, D), deepstack (S, n, D)) per frame on the host: the vision_frame engine once
+        per new frame, else the whole vision engine on the frames padded to its image count."""
+        images = np.asarray(images)
+        if "vision_frame" in self.engines:
+            return [self._vision_run("vision_frame", f[None]) for f in images]
+        return split_frames(images, lambda x: self._vision_run("vision", x), self.n_images)
+
+    def use_vision(self, frames: list) -> None:
+        """One cycle's per-frame features into the vision engine's output buffers (prefill reads them)."""
+        v = self.engines["vision"]
+        feats = {"image_embeds": np.concatenate([f[0] for f in frames]),
+                 "deepstack": np.concatenate([f[1] for f in frames], axis=1)}
+        for name, x in feats.items():
+            host = self._staging("reuse_" + name, x.shape, v.dtype[name])
+            host[:] = x
+            self.cuda.h2d(v.buf[name], host, self.stream)
+        self.has_images = True
+
+    def _vision_run(self, graph: str, images: np.ndarray) -> tuple:
+        """One run of a vision engine on `images` -> (embeds, deepstack), copied to the host."""
+        e, s = self.engines[graph], self.stream
+        patches = self.patches(images)
+        host = self._staging(graph + "_patches", patches.shape, np.float32)
+        host[:] = patches
+        self.cuda.h2d(e.buf["patches"], host, s)
+        e.run({})
+        out = []
+        for name in ("image_embeds", "deepstack"):
+            buf = self._staging(f"{graph}_{name}", output_dims(self.meta["graphs"][graph], name), e.dtype[name])
+            self.cuda.d2h(buf, e.buf[name], s)
+            out.append(buf)
+        self.cuda("cudaStreamSynchronize", s)
+        return tuple(np.array(b) for b in out)       # the staging is reused by the next run
 
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)

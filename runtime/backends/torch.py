@@ -42,6 +42,7 @@ DEFAULT_MAX_LEN = 1024
 
 class TorchBackend(Backend):
     name = "torch"
+    reuses_vision = True
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = 1024,
@@ -86,6 +87,23 @@ class TorchBackend(Backend):
         imgs = np.asarray(images).reshape(-1, *images.shape[-3:])   # camera-major, as training
         patches, grid = images_to_patches(imgs, v.patch, v.temporal_patch, v.merge)
         self.images = self.target.encode_images(torch.from_numpy(patches).to(self.device), grid)
+
+    @torch.no_grad()
+    def vision_frames(self, images: np.ndarray) -> list:
+        """(embeds (n, D), [deepstack (n, D)]) per frame: one batch, cut per image (copies, so a
+        cached frame holds only its own rows)."""
+        if not len(images):
+            return []
+        v = self.cfg.target.vision
+        patches, grid = images_to_patches(np.asarray(images), v.patch, v.temporal_patch, v.merge)
+        embeds, deep = self.target.encode_images(torch.from_numpy(patches).to(self.device), grid)
+        n = embeds.shape[0] // len(images)
+        return [(embeds[i * n:(i + 1) * n].clone(), [d[i * n:(i + 1) * n].clone() for d in deep])
+                for i in range(len(images))]
+
+    def use_vision(self, frames: list) -> None:
+        deep = [torch.cat([f[1][j] for f in frames]) for j in range(len(frames[0][1]))]
+        self.images = (torch.cat([f[0] for f in frames]), deep)
 
     @torch.no_grad()
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:

@@ -1,0 +1,249 @@
+"""`specdrive bench --drives DIR`: whole drives through the planner, with and without reuse, in
+one process (the library of tools/bench.py's drives mode).
+
+Modes (each its own Planner, so each keeps its own cache): plain decoding, plain + vision reuse,
+speculative (the draft, adaptive k unless --no-adaptive: then the first --ks), speculative +
+vision reuse, speculative + vision reuse + lookup drafting. The drives run in order, cycle by
+cycle; at every cycle every mode plans it in turn (all modes see the same machine load), with
+the frames' identities (camera, time) given, and each planner forgets its cache when a new
+drive starts. Per mode: cycle p50/p99, the vision stage (p50 and the cut against plain
+decoding without reuse), prefill, reasoning and trajectory p50, tau, tokens proposed and
+accepted by lookup and by the draft model, frames reused, cycles whose reasoning equals plain
+decoding's (every cycle is checked) and the largest trajectory difference, and the cycle
+speedup over plain decoding without reuse (p50 over p50, same run). The budget is off so every
+mode decodes the same text.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from prompt.config import ConfigError, check_range
+from runtime.config import PlannerConfig, ReuseConfig
+from runtime.planner import Planner
+from bench.stats import latency
+
+SCHEMA = "specdrive-bench-drives/1"
+GOAL_SPEEDUP, GOAL_VISION_CUT = 2.5, 0.40      # issue 26's bar
+
+
+@dataclass
+class DriveBenchConfig:
+    drives: int = 4                   # the first N drives of the split
+    cycles: int | None = None         # cycles per drive at most (None: the whole drive)
+    split: str = "test"
+    warmup: int = 1
+    k: int | None = None              # None: adaptive k (the profile's k_max); else this fixed k
+    max_reasoning_tokens: int | None = None
+    plain_reuse: bool = True          # also plain decoding + vision reuse
+
+    def __post_init__(self):
+        check_range("drives", self.drives, lo=1)
+        if self.cycles is not None:
+            check_range("cycles", self.cycles, lo=1)
+        check_range("warmup", self.warmup, lo=0)
+        if self.k is not None:
+            check_range("k", self.k, lo=1, hi=16)
+
+
+@dataclass
+class DriveMode:
+    name: str
+    speculative: bool
+    reuse: ReuseConfig
+    steps: list = dataclasses.field(default_factory=list)
+
+
+def make_modes(cfg: DriveBenchConfig) -> list[DriveMode]:
+    modes = [DriveMode("plain", False, ReuseConfig())]
+    if cfg.plain_reuse:
+        modes.append(DriveMode("plain+vision", False, ReuseConfig(vision=True)))
+    modes += [DriveMode("spec", True, ReuseConfig()),
+              DriveMode("spec+vision", True, ReuseConfig(vision=True)),
+              DriveMode("spec+vision+lookup", True, ReuseConfig(vision=True, lookup=True))]
+    return modes
+
+
+def mode_config(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> PlannerConfig:
+    s = base.spec
+    if not mode.speculative:
+        spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=0, adaptive=False)
+    elif cfg.k is None:
+        spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=s.k or min(4, s.k_max), adaptive=True)
+    else:
+        spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=cfg.k, k_max=max(s.k_max, cfg.k),
+                                   adaptive=False)
+    changes = {"spec": spec, "budget": dataclasses.replace(base.budget, budget_ms=0.0), "reuse": mode.reuse}
+    if cfg.max_reasoning_tokens is not None:
+        changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
+    return dataclasses.replace(base, **changes)
+
+
+def load(root, cfg: DriveBenchConfig) -> list:
+    """The first cfg.drives drives of the split, each cut to cfg.cycles (ConfigError on a bad shard)."""
+    from scenes.dataset import load_drives
+
+    ds = load_drives(root, cfg.split)
+    if len(ds) < cfg.drives:
+        raise ConfigError(f"--drive-count {cfg.drives}: {root} has {len(ds)} {cfg.split!r} drives")
+    drives = [ds[i] for i in range(cfg.drives)]
+    for d in drives:
+        d.cycles = d.cycles[:cfg.cycles] if cfg.cycles else d.cycles
+    return drives
+
+
+def frames_of(cycle, cams) -> list:
+    """(cameras, frames) (camera, time_s) pairs of a drive cycle: each camera at t - 0.5 s and t."""
+    from scenes.config import DT, FRAME_OFFSETS
+
+    return [[(cam, round(float(cycle.time) - k * DT, 6)) for k in FRAME_OFFSETS] for cam in cams]
+
+
+def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: list, cfg: DriveBenchConfig,
+               progress: bool = False) -> dict:
+    """Every mode on every cycle of every drive (module docstring) -> the record (JSON-ready)."""
+    modes = make_modes(cfg)
+    planners = {m.name: Planner(spec_backend if m.speculative else plain_backend, tok, mode_config(base, m, cfg),
+                                observer=m.steps.append) for m in modes}
+    first = drives[0].cycles[0]
+    for m in modes:
+        planners[m.name].warmup(first.images, first.history, cycles=cfg.warmup)
+    log = {m.name: [] for m in modes}
+    bar = tqdm(total=sum(len(d.cycles) for d in drives) * len(modes), desc="drive cycles", disable=not progress)
+    for di, d in enumerate(drives):
+        for p in planners.values():
+            p.forget()
+        for ci, c in enumerate(d.cycles):
+            for m in modes:
+                m.steps.clear()
+                res = _timed(planners[m.name], c, f"drive{di}/{ci}")
+                log[m.name].append(_cycle_row(di, ci, res, m.steps))
+                bar.update()
+    bar.close()
+    return summarize(modes, log, cfg)
+
+
+def _timed(planner: Planner, cycle, name: str):
+    gc.collect()
+    gc.disable()
+    try:
+        return planner.plan(cycle.images, cycle.history, scene=name, frames=frames_of(cycle, planner.cfg.cameras))
+    finally:
+        gc.enable()
+
+
+def _cycle_row(drive: int, cycle: int, res, steps) -> dict:
+    st, d = res.timing.get("stages_ms", {}), res.decode
+    model = [s for s in steps if s.source == "model"]
+    return {"drive": drive, "cycle": cycle, "total_ms": res.timing.get("total_ms", 0.0),
+            **{f"{k}_ms": float(st.get(k, 0.0)) for k in ("vision", "prefill", "reasoning", "trajectory")},
+            "steps": d.get("steps", 0), "emitted": d.get("emitted", 0),
+            "lookup_proposed": d.get("looked_up", 0), "lookup_accepted": d.get("looked_up_accepted", 0),
+            "model_proposed": sum(s.k for s in model), "model_accepted": sum(s.accepted for s in model),
+            "reused": res.reuse.get("vision", {}).get("reused", 0), "error": res.error,
+            "flags": list(res.flags), "reasoning_ids": [int(i) for i in res.reasoning_ids],
+            "trajectory": None if res.trajectory is None else np.asarray(res.trajectory, float)}
+
+
+def summarize(modes, log: dict, cfg: DriveBenchConfig) -> dict:
+    plain = log["plain"]
+    p50 = latency(r["total_ms"] for r in plain)["p50"]
+    vision0 = latency(r["vision_ms"] for r in plain)["p50"]
+    out = [_mode(m.name, log[m.name], plain, p50, vision0) for m in modes]
+    best = out[-1]
+    goal = {"speedup": best["cycle_speedup_p50"], "speedup_goal": GOAL_SPEEDUP,
+            "vision_cut": best["vision_cut"], "vision_cut_goal": GOAL_VISION_CUT,
+            "identical_every_cycle": all(m["identical"]["equal"] == m["identical"]["cycles"] for m in out),
+            "tau_lookup_over_model": round(best["tau"] / out[[m.name for m in modes].index("spec")]["tau"], 4)}
+    goal["met"] = bool(goal["speedup"] >= GOAL_SPEEDUP and goal["vision_cut"] >= GOAL_VISION_CUT
+                       and goal["identical_every_cycle"] and goal["tau_lookup_over_model"] > 1.0)
+    cycles = [{k: v for k, v in r.items() if k not in ("trajectory", "reasoning_ids")} | {"mode": name}
+              for name, rows in log.items() for r in rows]
+    return {"schema": SCHEMA, "config": dataclasses.asdict(cfg), "modes": out, "goal": goal, "cycles": cycles}
+
+
+def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) -> dict:
+    cyc, vis = latency(r["total_ms"] for r in rows), latency(r["vision_ms"] for r in rows)
+    steps, emitted = sum(r["steps"] for r in rows), sum(r["emitted"] for r in rows)
+    differ = [(r["drive"], r["cycle"]) for r, q in zip(rows, plain) if r["reasoning_ids"] != q["reasoning_ids"]]
+    diffs = [float(np.abs(r["trajectory"] - q["trajectory"]).max()) for r, q in zip(rows, plain)
+             if r["trajectory"] is not None and q["trajectory"] is not None]
+    tot = {k: sum(r[k] for r in rows) for k in ("lookup_proposed", "lookup_accepted", "model_proposed",
+                                                 "model_accepted", "reused")}
+    return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis,
+            **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]
+               for k in ("prefill", "reasoning", "trajectory")},
+            "vision_cut": round(1.0 - vis["p50"] / vision0, 4) if vision0 else None,
+            "cycle_speedup_p50": round(plain_p50 / cyc["p50"], 4) if cyc["p50"] else None,
+            "tau": round(emitted / steps, 4) if steps else 0.0, **tot,
+            "frames_reused_per_cycle": round(tot["reused"] / max(len(rows), 1), 3),
+            "errors": sum(r["error"] is not None for r in rows),
+            "identical": {"cycles": len(rows), "equal": len(rows) - len(differ), "differing": differ[:20]},
+            "trajectory_max_diff_m": round(max(diffs), 6) if diffs else None}
+
+
+def table(record: dict) -> str:
+    head = (f"{'mode':20s} {'p50 ms':>8s} {'p99 ms':>8s} {'speedup':>7s} {'vision':>7s} {'cut':>6s} {'tau':>6s} "
+            f"{'lookup':>11s} {'model':>11s} {'same':>9s}")
+    lines = [head]
+    for m in record["modes"]:
+        lines.append(f"{m['name']:20s} {m['cycle_ms']['p50']:8.1f} {m['cycle_ms']['p99']:8.1f} "
+                     f"{m['cycle_speedup_p50']:6.2f}x {m['vision_ms']['p50']:7.2f} {m['vision_cut']:6.1%} "
+                     f"{m['tau']:6.2f} {m['lookup_accepted']:>5d}/{m['lookup_proposed']:<5d} "
+                     f"{m['model_accepted']:>5d}/{m['model_proposed']:<5d} "
+                     f"{m['identical']['equal']:>4d}/{m['identical']['cycles']:<4d}")
+    g = record["goal"]
+    lines.append(f"goal (>= {g['speedup_goal']}x cycle p50, vision cut >= {g['vision_cut_goal']:.0%}, same text every "
+                 f"cycle, lookup raises tau): speedup {g['speedup']}x, vision cut {g['vision_cut']:.1%}, identical "
+                 f"{g['identical_every_cycle']}, tau ratio {g['tau_lookup_over_model']}: "
+                 f"{'met' if g['met'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def write(path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.with_suffix(".md").write_text("```\n" + table(record) + "\n```\n")
+
+
+def command(args) -> int:
+    """`specdrive bench --drives DIR ...` (tools/bench.py): open the backends, run, write, print."""
+    from bench.backends import open_bench_backends
+    from bench.sources import default_tokenizer
+    from bench.threads import torch_threads
+    from runtime.artifacts import ModelSource
+    from runtime.config import load_planner_config
+
+    profile = load_planner_config(args.profile)
+    if args.threads < 0:
+        raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
+    try:
+        ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    except ValueError:
+        raise ConfigError(f"--ks {args.ks!r} must be comma-separated integers, e.g. 4,8") from None
+    cfg = DriveBenchConfig(drives=args.drive_count, cycles=args.cycles or None, split=args.split, warmup=args.warmup,
+                           k=ks[0] if args.no_adaptive and ks else None, max_reasoning_tokens=args.max_reasoning)
+    drives = load(args.drives, cfg)         # a bad shard stops here, before any model loads
+    src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
+                      random_init=args.random_init, backend=args.backend, device=args.device,
+                      eager=args.eager, threads=args.threads)
+    tok, plain, drafts, source = open_bench_backends(src, args.drafts, profile.max_len, default_tokenizer)
+    label = "flat" if "flat" in drafts and not args.drafts else next(iter(drafts))
+    try:
+        with torch_threads(args.threads):
+            record = run_drives(plain, drafts[label], tok, profile, drives, cfg, progress=True)
+    finally:
+        for be in {id(b): b for b in [plain, *drafts.values()]}.values():
+            be.close()
+    record["setup"] = {"source": source, "draft": label, "backend": plain.name, "device": args.device,
+                       "profile": str(args.profile), "drives_dir": str(args.drives), "threads": args.threads,
+                       "command": "specdrive bench " + " ".join(getattr(args, "argv", []) or [])}
+    write(args.json, record)
+    print(table(record), flush=True)
+    print(f"wrote {args.json} (and .md)", flush=True)
+    return 0

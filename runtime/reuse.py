@@ -1,0 +1,168 @@
+"""What a planner keeps across cycles, exactly: vision features of frames seen before, and the
+last cycles' reasoning as a zero-cost draft (PlannerConfig.reuse; both off by default).
+
+Vision. The vision tower encodes every image on its own (attention stays inside a frame), so
+a frame's features do not depend on the other images of the cycle: the features of a frame
+seen in an earlier cycle are the ones this cycle would compute. `VisionCache` keys a frame by
+its identity (camera, timestamp in microseconds) when plan() is given `frames`, else by its
+content digest (blake2b-128 of the pixels), and keeps the digest beside the features either
+way: a known identity with other pixels is encoded afresh (counted as `changed`, flagged),
+never served stale. Bound: `max_frames` entries (least recently used go first); with
+identities, frames older than this cycle's oldest (or newer than its newest: another drive)
+leave at once. A drive cycle sees each camera at t - 0.5 s and t, so half its frames were the
+t frames of the cycle 5 steps before: 4 cameras x 6 live times = 24 entries cover a drive.
+
+Lookup. `Lookup` remembers the last cycles' reasoning (from <|cot_start|> through
+<|cot_end|>) and, when the tail of the tokens accepted so far (the pending one included)
+matches a stretch of it (the longest tail of at least `lookup_ngram` tokens, the most recent
+cycle first), proposes what followed (prompt-lookup decoding). The target verifies the
+proposal like any draft, so greedy output is plain decoding's; for sampling it is a point-mass
+draft q = onehot(x): accept with prob min(1, p(x)/q(x)) = p(x), residual norm(max(p - q, 0))
+= p without x (runtime/acceptance.py accept_sampling, unchanged).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+
+import numpy as np
+
+from runtime.cycle import InputError
+
+MAX_NGRAM = 8
+
+
+def digest(image: np.ndarray) -> bytes:
+    """blake2b-128 of one frame's shape and every pixel (~1 GB/s: a 64x96 frame in ~20 us)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(image.shape).encode())
+    h.update(np.ascontiguousarray(image).data)
+    return h.digest()
+
+
+def frame_keys(frames, cfg) -> list | None:
+    """plan()'s `frames` -> [(camera, time_us)] camera-major, or None (key by content).
+
+    Accepts (cameras, frames) nested sequences of (camera, time_s) pairs, or a mapping
+    {camera: (frames,) times in s}; InputError names what is wrong and what is allowed."""
+    if frames is None:
+        return None
+    if isinstance(frames, Mapping):
+        missing = [c for c in cfg.cameras if c not in frames]
+        if missing or set(frames) - set(cfg.cameras):
+            raise InputError(f"frames: cameras {sorted(frames)}; the planner needs exactly {list(cfg.cameras)}")
+        frames = [[(c, t) for t in _seq(frames[c], c)] for c in cfg.cameras]
+    rows = _seq(frames, "frames")
+    if len(rows) != len(cfg.cameras):
+        raise InputError(f"frames: {len(rows)} cameras, expected {len(cfg.cameras)} ({list(cfg.cameras)}) "
+                         f"x {cfg.frames} (camera, time_s) pairs")
+    keys = []
+    for cam, row in zip(cfg.cameras, rows):
+        row = _seq(row, cam)
+        if len(row) != cfg.frames:
+            raise InputError(f"frames[{cam!r}]: {len(row)} entries, expected {cfg.frames} (camera, time_s) pairs")
+        for pair in row:
+            keys.append(_key(cam, pair))
+    return keys
+
+
+def _seq(x, what) -> list:
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
+        raise InputError(f"frames: {what!r} must be a sequence, got {type(x).__name__}")
+    return list(x)
+
+
+def _key(cam: str, pair) -> tuple:
+    try:
+        name, t = pair
+        t = float(t)
+    except (TypeError, ValueError):
+        raise InputError(f"frames[{cam!r}]: {pair!r} is not a (camera, time_s) pair") from None
+    if name != cam:
+        raise InputError(f"frames: camera {name!r} where {cam!r} is (cameras in the order {cam!r} ... of the config)")
+    if not math.isfinite(t):
+        raise InputError(f"frames[{cam!r}]: time {t!r} s is not finite")
+    return (cam, round(t * 1e6))
+
+
+class VisionCache:
+    """Per-frame vision features of the last frames (module docstring): `encode` is the vision
+    stage of a cycle with reuse.vision on."""
+
+    def __init__(self, max_frames: int):
+        self.max_frames = int(max_frames)
+        self.entries: OrderedDict = OrderedDict()     # key -> (digest, backend's per-frame features)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def encode(self, backend, images: np.ndarray, keys: list | None) -> dict:
+        """Give the backend this cycle's features (camera-major), encoding only the frames not
+        held -> {"reused", "encoded", "changed"} counts of the cycle."""
+        flat = np.asarray(images).reshape(-1, *images.shape[-3:])
+        digests = [digest(f) for f in flat]
+        keys = keys if keys is not None else digests
+        feats, todo, changed = [None] * len(flat), [], 0
+        for i, (key, d) in enumerate(zip(keys, digests)):
+            hit = self.entries.get(key)
+            if hit is not None and hit[0] == d:
+                feats[i] = hit[1]
+                self.entries.move_to_end(key)
+            else:
+                changed += hit is not None      # a known identity with other pixels: encoded afresh
+                todo.append(i)
+        if todo:
+            for i, f in zip(todo, backend.vision_frames(flat[todo])):
+                feats[i] = f
+                self.entries[keys[i]] = (digests[i], f)
+                self.entries.move_to_end(keys[i])
+        backend.use_vision(feats)
+        self._evict(keys if keys is not digests else None)
+        return {"reused": len(flat) - len(todo), "encoded": len(todo), "changed": changed}
+
+    def _evict(self, keys: list | None) -> None:
+        if keys is not None:     # identities: what is outside this cycle's time span is gone
+            lo, hi = min(t for _, t in keys), max(t for _, t in keys)
+            for key in [k for k in self.entries if not isinstance(k, tuple) or not lo <= k[1] <= hi]:
+                del self.entries[key]
+        while len(self.entries) > self.max_frames:
+            self.entries.popitem(last=False)
+
+
+class Lookup:
+    """The last `cycles` reasoning texts and the prompt-lookup proposal (module docstring)."""
+
+    def __init__(self, cycles: int, ngram: int):
+        self.texts: deque = deque(maxlen=int(cycles))
+        self.ngram = int(ngram)
+
+    def clear(self) -> None:
+        self.texts.clear()
+
+    def remember(self, tokens) -> None:
+        """One cycle's accepted reasoning, <|cot_start|> first."""
+        self.texts.append([int(t) for t in tokens])
+
+    def propose(self, context, k: int) -> np.ndarray:
+        """Up to k tokens that followed the longest matching tail of `context` (the accepted
+        tokens from <|cot_start|> on), most recent text first; empty when nothing matches."""
+        context = list(context)
+        for n in range(min(MAX_NGRAM, len(context)), self.ngram - 1, -1):
+            tail = context[-n:]
+            for text in reversed(self.texts):
+                for i in range(len(text) - n):
+                    if text[i:i + n] == tail:
+                        return np.asarray(text[i + n:i + n + k], np.int64)
+        return np.zeros(0, np.int64)
+
+
+class CycleLookup:
+    """One cycle's view of a Lookup: the context is the sequence from row `start` on."""
+
+    def __init__(self, lookup: Lookup, start: int):
+        self.lookup, self.start = lookup, int(start)
+
+    def propose(self, seq: list, k: int) -> np.ndarray:
+        return self.lookup.propose(seq[self.start:], k) if k > 0 else np.zeros(0, np.int64)

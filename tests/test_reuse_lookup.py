@@ -1,0 +1,114 @@
+"""Lookup drafting (runtime/reuse.py Lookup) on the numpy table backend: greedy output equals
+plain decoding token for token, the draft model's cache stays correct across lookup steps (a
+draft equal to the target then accepts all it proposes), sampled output follows the target's
+joint distribution (the point-mass proposal), and the statistical test catches a wrong rule."""
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from runtime.adaptive import CostModel, StepPolicy
+from runtime.config import BudgetConfig
+from runtime.loop import GreedyRule, SamplingRule, generate
+from runtime.reuse import CycleLookup, Lookup
+from table_backend import TableBackend
+from test_spec_loop import exact_joint, prompts
+from test_spec_rules import chi2_z
+
+V, STOP = 48, 3
+
+
+def policy(k, adaptive=False, k_max=8):
+    return StepPolicy(CostModel(BudgetConfig()), k, adaptive, k_max)
+
+
+def backend(noise):
+    return TableBackend(V, max_len=256, seed=0, draft_noise=noise, stop_id=STOP, stop_slope=0.06)
+
+
+def lookup_of(texts, prompt, ngram=1):
+    store = Lookup(cycles=len(texts) or 1, ngram=ngram)
+    for t in texts:
+        store.remember(t)
+    return CycleLookup(store, len(prompt) - 1)
+
+
+def test_propose_takes_the_longest_matching_tail_most_recent_text_first():
+    store = Lookup(cycles=2, ngram=2)
+    store.remember([9, 1, 2, 3, 4, 5])
+    store.remember([9, 7, 2, 3, 8, 8])
+    assert store.propose([0, 2, 3], 2).tolist() == [8, 8]          # both match "2 3": the newer
+    assert store.propose([0, 1, 2, 3], 3).tolist() == [4, 5]       # "1 2 3" only in the older
+    assert store.propose([0, 5, 6], 3).size == 0                    # no tail of >= 2 tokens matches
+    assert store.propose([4, 5], 4).size == 0                       # matched at the end: nothing follows
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.4])
+def test_greedy_with_lookup_equals_plain_and_the_draft_cache_stays_correct(noise):
+    """Lookup texts: this prompt's own plain output (long matches), other prompts' outputs and
+    noise (partial matches, rejections); the model draft runs between lookup steps."""
+    be, rng = backend(noise), np.random.default_rng(5)
+    ps = prompts(40, seed=1)
+    plains = [generate(be, p, GreedyRule(), policy(0), stop_ids=[STOP], max_new=40)[0] for p in ps]
+    looked, rejected, model_steps, mismatches = 0, 0, [], []
+    for i, p in enumerate(ps):
+        own = list(plains[i])
+        if i % 3 == 1:         # the own text, with a wrong token in the middle
+            own[len(own) // 2] = int(rng.integers(4, V))
+        texts = [[int(p[-1])] + own, [int(p[-1])] + list(plains[i - 1]), list(rng.integers(4, V, 12))]
+        steps = []
+        out, _, stats = generate(be, p, GreedyRule(), policy(4, adaptive=i % 2 == 0), stop_ids=[STOP],
+                                 max_new=40, lookup=lookup_of(texts, p, ngram=2), observer=steps.append)
+        if out != plains[i]:
+            mismatches.append(i)
+        looked += stats.looked_up
+        rejected += sum(s.source == "lookup" and s.accepted < s.k for s in steps)
+        model_steps += [s for s in steps if s.source == "model"]
+    assert not mismatches, f"lookup decoding != plain on prompts {mismatches[:5]}"
+    assert looked > 0 and rejected > 0 and model_steps, (looked, rejected, len(model_steps))
+    if noise == 0.0:    # the draft is the target: with a correct cache it is always right
+        wrong = [s for s in model_steps if s.accepted < s.k]
+        assert not wrong, f"{len(wrong)} model-draft steps rejected after lookup steps: stale draft cache"
+
+
+def sampled_z_with_lookup(accept=None, runs: int = 6000) -> tuple[float, int]:
+    """Chi-square z of `runs` sampled 4-token outputs (vocab 4, k = 3) with lookup proposals
+    from a fixed text, against the exact joint; and how many tokens lookup proposed."""
+    import runtime.loop
+
+    be = TableBackend(4, max_len=32, seed=3, draft_noise=1.0)
+    prompt, n, temperature = np.array([1, 2, 0, 3]), 4, 0.8
+    exact = exact_joint(be, prompt, n, temperature, 1.0)
+    texts = [[3, 1, 1, 2, 0, 2, 3, 3, 0, 1]]
+    rng = np.random.default_rng(11)
+    counts, looked = Counter(), 0
+    saved = runtime.loop.accept_sampling
+    if accept is not None:
+        runtime.loop.accept_sampling = accept
+    try:
+        for _ in range(runs):
+            out, _, stats = generate(be, prompt, SamplingRule(temperature, 1.0, rng), policy(3, k_max=3),
+                                     max_new=n, lookup=lookup_of(texts, prompt, ngram=2))
+            counts[tuple(out)] += 1
+            looked += stats.looked_up
+    finally:
+        runtime.loop.accept_sampling = saved
+    keys = sorted(exact)
+    return chi2_z(np.array([counts[k] for k in keys]), np.array([exact[k] for k in keys])), looked
+
+
+def test_sampling_with_lookup_proposals_follows_the_target_joint_distribution():
+    z, looked = sampled_z_with_lookup()
+    assert looked > 1000, f"lookup proposed only {looked} tokens: the test would not exercise it"
+    assert z < 4.0, f"sampled sequences with lookup do not follow the target (chi-square z={z:.1f})"
+
+
+def test_the_lookup_sampling_test_catches_accepting_every_lookup_proposal():
+    from runtime.acceptance import accept_sampling, sample
+
+    def accept_lookup(draft, q, p, rng):     # wrong for point masses only: model drafts stay exact
+        if len(draft) and (q.max(axis=-1) == 1.0).all():
+            return len(draft), sample(p[len(draft)], rng.random())
+        return accept_sampling(draft, q, p, rng)
+    z, _ = sampled_z_with_lookup(accept_lookup, runs=2000)
+    assert z > 8.0, f"a rule that accepts every lookup proposal passed the test (z={z:.1f})"
