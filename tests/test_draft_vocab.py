@@ -198,7 +198,7 @@ def test_the_onnx_draft_chain_of_a_reduced_head_matches_torch(models, tmp_path, 
     d = reduced(cfg, target)
     host, V, D, L = draft_map == "host", len(TOK), cfg.target.llm.hidden, 64
     shapes = {"vocab": V, "hidden": D, "head_dim": 32, "image_tokens": 4, "layers": 12, "kv_heads": 2,
-              "grid": [[1, 8, 12]], "patches": [96, 384]}
+              "grid": [[1, 8, 12]], "patches": [96, 384], "frame_patches": [96, 384]}
     graphs = ex._graphs(target, expert, d, True, tuple(cfg.draft.feature_layers), shapes,
                         ex.ExportConfig(max_len=L), host)
     _, module, args, names, dyn = next(g for g in graphs if g[0] == "draft_chain")
