@@ -33,11 +33,14 @@ from scenes.config import DT
 
 BUDGET = "BUDGET"           # filled with --budget-ms
 BUDGETED = {"budget_ms": BUDGET, "prior_prompt_ms": 0.0, "prior_vision_ms": 0.0, "prior_prefill_ms": 0.0}
-MODES = {   # name -> PlannerConfig overrides (a reuse mode is one more line once PlannerConfig has `reuse`)
+REUSE = {"vision": True, "lookup": True}     # runtime/reuse.py: exact, keyed by the frames' content
+MODES = {   # name -> PlannerConfig overrides
     "plain": {"spec": {"k": 0, "adaptive": False}, "budget": {"budget_ms": 0.0}},
     "speculative": {"budget": {"budget_ms": 0.0}},
+    "speculative+reuse": {"budget": {"budget_ms": 0.0}, "reuse": REUSE},
     "plain+budget": {"spec": {"k": 0, "adaptive": False}, "budget": BUDGETED},
     "speculative+budget": {"budget": BUDGETED},
+    "speculative+reuse+budget": {"budget": BUDGETED, "reuse": REUSE},
 }
 DEFAULT_BUDGET_MS = 250.0
 TICK_MS = DT * 1e3

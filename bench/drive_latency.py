@@ -82,6 +82,7 @@ class Pricer:
         p = planner_cfg
         self.cfg, self.dev = cfg, device
         self.images = int(workload.get("images", len(p.cameras) * p.frames))
+        self.cycle_images = len(p.cameras) * p.frames      # the images of one of our cycles
         self.image_hw = tuple(workload.get("image_hw", p.image_hw))
         self.max_len = int(workload.get("max_len", p.max_len))
         self.shapes = Shapes(cfg, PRECISION, device.impl)
@@ -96,6 +97,9 @@ class Pricer:
         T = self.prompt_len
         if call == "vision":
             return self._cost(s.vision(self.images, self.image_hw))
+        if call == "vision_frames":    # a of a cycle's images encoded (reuse): that share of the preset's
+            n = round(self.images * a / self.cycle_images)
+            return self._cost(s.vision(n, self.image_hw)) if n else 0.0
         if call == "prefill":          # a: with the draft's prefill
             ms = self._cost(s.target(T, T, L, T if ref else 1))
             return ms + (self._cost(s.draft(T, T, L, T if ref else 1)) if a else 0.0)
@@ -111,7 +115,8 @@ class Pricer:
 
 class PricedBackend:
     """The backend, with a virtual clock moved by each call's projected cost after the call.
-    Everything but the five engine calls passes through unchanged."""
+    Everything but the engine calls (vision, or vision_frames under reuse, prefill, draft, verify,
+    action) passes through unchanged."""
 
     def __init__(self, backend, pricer: Pricer, clock: FakeClock, with_draft: bool):
         self._be, self.pricer, self.clock, self.with_draft = backend, pricer, clock, with_draft
@@ -131,6 +136,11 @@ class PricedBackend:
     def vision(self, images):
         out = self._be.vision(images)
         self._charge("vision", self.pricer.ms("vision"))
+        return out
+
+    def vision_frames(self, images):
+        out = self._be.vision_frames(images)
+        self._charge("vision", self.pricer.ms("vision_frames", len(images)))
         return out
 
     def prefill(self, inputs, readout):

@@ -217,3 +217,33 @@ def test_the_budget_cuts_in_simulated_time(shipped):
     assert cut["budget_cuts"] >= 1 and max(c["latency_ms"] for c in cut["cycle_log"]) < \
         max(c["latency_ms"] for c in free["cycle_log"])
     assert free["budget_cuts"] == 0 and dataclasses.asdict(mode_config(base, "speculative", 600.0).budget)["budget_ms"] == 0
+
+
+def test_reuse_through_the_priced_backend_is_exact_and_prices_only_the_new_frames(shipped):
+    """Along the expert's path (open loop, so both planners see the same frames) the reuse mode's
+    reasoning equals the plain speculative mode's on every cycle, and once the t - 0.5 s frames
+    were seen 5 cycles earlier, vision is priced for the 4 new frames of 8 only."""
+    from bench.drive import render
+    from bench.drive_latency import PricedBackend
+    from runtime.budget import FakeClock
+    from runtime.planner import Planner
+
+    base, tok, backends, case = shipped
+    lat = parse_latency("orin-agx-64:edge-2b", base)
+    runs = {}
+    for mode in ("speculative", "speculative+reuse"):
+        clock = FakeClock()
+        priced = PricedBackend(backends["flat"], lat.pricer, clock, with_draft=True)
+        planner = Planner(priced, tok, mode_config(base, mode, 0.0), clock=clock)
+        texts, vision = [], []
+        for n in range(case.first, case.first + 7):
+            images, history = render(case.scenario, np.asarray(case.expert_world), n)
+            before = len(priced.calls)
+            texts.append(planner.plan(images, history).reasoning_ids)
+            vision.append(sum(ms for name, ms in priced.calls[before:] if name == "vision"))
+        planner.fallback.close()
+        runs[mode] = texts, vision
+    assert runs["speculative"][0] == runs["speculative+reuse"][0]
+    full, reused = runs["speculative"][1], runs["speculative+reuse"][1]
+    assert reused[0] == pytest.approx(full[0])                       # nothing seen yet: all 8 frames
+    assert reused[5] == pytest.approx(lat.pricer.ms("vision_frames", 4)) and reused[5] < 0.75 * full[5]
