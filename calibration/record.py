@@ -144,6 +144,19 @@ def spread(scene: int, per_scene: int, calls: int) -> list[int]:
     return sorted({int(f * calls) for f in frac})
 
 
+def frame_samples(vision_samples: list[dict], images: int) -> list[dict]:
+    """The one-image vision graph's inputs, cut from the whole-cycle vision graph's: without reuse
+    the planner never calls vision_frame, and a frame's patches are its own rows of the batch
+    (images are encoded independently), so these are exactly what it would see."""
+    out = []
+    for sample in vision_samples:
+        patches = sample["patches"]
+        if len(patches) % images:
+            raise ConfigError(f"calibration: {len(patches)} vision patches do not split into {images} images")
+        out += [{"patches": np.array(chunk)} for chunk in np.split(patches, images)]
+    return out
+
+
 def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: int = 1,
            threads: int = 1, progress: bool = True) -> CalibrationSet:
     """Run the fp32 graphs of `folder` through the planner on `scenes`; keep what each graph saw."""
@@ -184,6 +197,8 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
     finally:
         for p in planners:
             p.close()
+    if "vision_frame" in meta["graphs"] and "vision_frame" not in out.graphs and "vision" in out.graphs:
+        out.graphs["vision_frame"] = frame_samples(out.graphs["vision"], len(planner_cfg.cameras) * planner_cfg.frames)
     missing = sorted(set(meta["graphs"]) - set(out.graphs))
     if missing:
         raise ConfigError(f"calibration: the planner never called {missing} on {len(scenes)} scenes; "

@@ -379,3 +379,14 @@ def test_calibrate_report_on_a_tampered_set_exits_2(tiny_onnx, tmp_path, capsys)
         cli.main(["calibrate", "report", "--engines", str(e), "--scenes", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and len(err) == 1 and "calibration-" not in err[0] and "index.json" in err[0], err
+
+
+def test_the_one_image_vision_graph_is_calibrated_on_the_cycle_graphs_own_frames():
+    from calibration.record import frame_samples
+
+    patches = np.arange(8 * 6 * 3, dtype=np.float32).reshape(8 * 6, 3)     # 8 images of 6 patches
+    got = frame_samples([{"patches": patches}], 8)
+    assert len(got) == 8 and all(g["patches"].shape == (6, 3) for g in got)
+    assert np.array_equal(np.concatenate([g["patches"] for g in got]), patches)
+    with pytest.raises(ConfigError, match="do not split"):
+        frame_samples([{"patches": patches[:-1]}], 8)

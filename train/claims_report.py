@@ -97,7 +97,7 @@ def scene_attention(seeds: dict, kind: str) -> np.ndarray:
 
 def comparison_table(splits: dict) -> list[str]:
     rows = ["| split | comparison | tau k=8 difference [95%] | history-key mass difference [95%] | "
-            "vision-key mass difference [95%] |", "|---|---|---|---|---|"]
+            "vision-key mass difference [95%] | per seed: tau / history / vision differences |", "|---|---|---|---|---|---|"]
     for split, s in splits.items():
         g = grouped(s["drafts"])
         for a, b, what in COMPARISONS:
@@ -106,8 +106,11 @@ def comparison_table(splits: dict) -> list[str]:
                 sa, sb = {k: g[a][k] for k in seeds}, {k: g[b][k] for k in seeds}
                 d = tau_diff(sa, sb)
                 h, v = (claims.paired(scene_attention(sa, kind), scene_attention(sb, kind)) for kind in ("history", "vision"))
+                per = "; ".join(f"s{k}: {sb[k]['tau'] - sa[k]['tau']:+.2f} / "
+                                f"{sb[k]['attn_history'] - sa[k]['attn_history']:+.3f} / "
+                                f"{sb[k]['attn_vision'] - sa[k]['attn_vision']:+.3f}" for k in seeds)
                 rows.append(f"| {split} | {what} ({len(seeds)} paired seeds) | {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] | "
-                            f"{h[0]:+.3f} [{h[1]:+.3f}, {h[2]:+.3f}] | {v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}] |")
+                            f"{h[0]:+.3f} [{h[1]:+.3f}, {h[2]:+.3f}] | {v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}] | {per} |")
     return rows
 
 
@@ -186,7 +189,7 @@ def attention_png(splits: dict, png, split: str = "test") -> None:
     ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("attention mass")
     ax.set_title(f"draft attention at the reasoning rows by key type ({split})", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(png, dpi=90)
     plt.close(fig)
@@ -223,7 +226,10 @@ def sections(splits: dict, img_dir, rel) -> list[str]:
             "Intervals: 95% bootstrap over scenes of the seed-pooled ratio; per-seed tau in its own column. "
             "Draft share of CoC = accepted draft tokens / CoC tokens (1 - 1/tau); tokens per accepted block = "
             "accepted draft tokens per target pass.", "", *acceptance_table(splits), "",
-            "## Paired differences (same scenes, same seeds)", "", *comparison_table(splits), "",
+            "## Paired differences (same scenes, same seeds)", "",
+            "The bracketed intervals resample scenes with the seeds pooled, so they leave out the spread from one "
+            "training seed to the next; the last column gives each seed's own difference.", "",
+            *comparison_table(splits), "",
             "## Attention mass by key type at the reasoning rows (test, mean over seeds)", "",
             f"![attention mass]({rel / 'claims_attention.png'})", "", *attention_table(splits), "",
             "## Per-token acceptance by position within the CoC (test)", "",
