@@ -21,7 +21,7 @@ BOOT = 2000          # bootstrap resamples
 LEVEL = 0.95
 
 
-def _ratio(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> np.ndarray:
+def ratio(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return num[idx].sum(1) / np.maximum(den[idx].sum(1), 1)
 
 
@@ -39,7 +39,7 @@ def intervals(per_scene: list[dict], seed: int = 0) -> dict:
     out = {}
     for name, (num, den) in pairs.items():
         num, den = np.asarray(num, float), np.asarray(den, float)
-        boot = _ratio(num, den, idx)
+        boot = ratio(num, den, idx)
         lo, hi = np.quantile(boot, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
         out[name] = [float(num.sum() / max(den.sum(), 1)), float(lo), float(hi)]
     return out

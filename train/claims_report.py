@@ -80,7 +80,7 @@ def tau_diff(a: dict, b: dict, seed: int = 0) -> list[float]:
     na, fa = np.array([r["n"] for r in pa], float), np.array([r["f"] for r in pa], float)
     nb, fb = np.array([r["n"] for r in pb], float), np.array([r["f"] for r in pb], float)
     idx = np.random.default_rng(seed).integers(0, len(pa), size=(claims.BOOT, len(pa)))
-    boot = nb[idx].sum(1) / fb[idx].sum(1) - na[idx].sum(1) / fa[idx].sum(1)
+    boot = claims.ratio(nb, fb, idx) - claims.ratio(na, fa, idx)
     lo, hi = np.quantile(boot, [(1 - claims.LEVEL) / 2, (1 + claims.LEVEL) / 2])
     return [float(nb.sum() / fb.sum() - na.sum() / fa.sum()), float(lo), float(hi)]
 
