@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from models.config import LLMConfig, ModelConfig
 from models.sizes import param_counts
 from prompt.config import ConfigError, check_choice, check_range
+from prompt.graphs import SHAPES
 
 # precision -> (bytes per weight, which peak does the arithmetic). int4 is weight-only (AWQ):
 # the matmuls run in fp16 on dequantized weights; fp4 is NVFP4 (Blackwell tensor cores).
@@ -94,13 +95,13 @@ class Device:
 @dataclass
 class Workload:
     """What one cycle processes (batch 1)."""
-    images: int = 8                    # camera images in the prompt (cameras x frames)
+    images: int = SHAPES.cameras * SHAPES.frames   # camera images in the prompt
     encoded_images: int | None = None  # images the ViT encodes per cycle (None: all; fewer when
                                        # the older frames' features are reused)
-    image_hw: tuple = (64, 96)
+    image_hw: tuple = SHAPES.image_hw
     prompt_len: int = 0                # tokens of the prompt (0: computed from the images)
     reasoning_tokens: int = 40         # CoC tokens decoded
-    max_len: int = 1024                # cache rows (the reference attends over all of them)
+    max_len: int = SHAPES.max_len      # cache rows (the reference attends over all of them)
     k: int = 4                         # draft length per speculative step
     tau: float = 3.0                   # tokens emitted per verify pass
     samples: int = 8                   # expert draws per trajectory

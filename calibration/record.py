@@ -29,11 +29,12 @@ from safetensors.numpy import load_file, save_file
 from tqdm import tqdm
 
 from prompt.config import ConfigError, file_sha256, read_json
+from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, PREFILL, STEP, VISION, VISION_FRAME
 
 CACHE_INPUTS = {"cache"}          # inputs that are the full KV cache (trimmed when recorded)
 # the LLM graphs keep a sample from every scene; the others (vision, draft prefill, action expert:
 # large inputs, few calls, no KV history) from OTHER_CAP scenes spread over the set
-ALL_SCENES = ("prefill", "step", "draft_feed", "draft_chain")
+ALL_SCENES = (PREFILL, STEP, DRAFT_FEED, DRAFT_CHAIN)
 OTHER_CAP = 64
 INDEX = "index.json"
 FORMAT = "specdrive-calibration"
@@ -197,8 +198,8 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
     finally:
         for p in planners:
             p.close()
-    if "vision_frame" in meta["graphs"] and "vision_frame" not in out.graphs and "vision" in out.graphs:
-        out.graphs["vision_frame"] = frame_samples(out.graphs["vision"], len(planner_cfg.cameras) * planner_cfg.frames)
+    if VISION_FRAME in meta["graphs"] and VISION_FRAME not in out.graphs and VISION in out.graphs:
+        out.graphs[VISION_FRAME] = frame_samples(out.graphs[VISION], len(planner_cfg.cameras) * planner_cfg.frames)
     missing = sorted(set(meta["graphs"]) - set(out.graphs))
     if missing:
         raise ConfigError(f"calibration: the planner never called {missing} on {len(scenes)} scenes; "

@@ -20,15 +20,15 @@ from pathlib import Path
 from calibration.quantize import (PRECISIONS, QUANTIZER_VERSION, modelopt_version, quantize_graph,
                                   quantized_types)
 from prompt.config import ConfigError, file_sha256
+from prompt.graphs import ACTION_VELOCITY, DRAFT_GRAPHS, PREFILL, STEP, TARGET_LLM_GRAPHS, VISION
 from prompt.meta import stamp_facts
 
-TARGET = ("prefill", "step")
-DRAFT = ("draft_prefill", "draft_feed", "draft_chain")
-GROUPS = {"target": TARGET, "draft": DRAFT, "vision": ("vision",), "action": ("action_velocity",),
-          "prefill": ("prefill",), "step": ("step",)}
+TARGET, DRAFT = TARGET_LLM_GRAPHS, DRAFT_GRAPHS
+GROUPS = {"target": TARGET, "draft": DRAFT, "vision": (VISION,), "action": (ACTION_VELOCITY,),
+          "prefill": (PREFILL,), "step": (STEP,)}
 # action_output (the last Euler step's integration and the combine of the draws) is a handful of
 # adds: never quantized
-QUANTIZABLE = (*TARGET, *DRAFT, "vision", "action_velocity")
+QUANTIZABLE = (*TARGET, *DRAFT, VISION, ACTION_VELOCITY)
 INDEX = "index.json"
 
 

@@ -24,6 +24,7 @@ from engines.profile import EngineProfile
 from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
 from prompt.config import ConfigError, file_sha256, read_json, to_dict
+from prompt.graphs import DRAFT_PREFILL, PREFILL, TARGET_LLM_GRAPHS
 
 MANIFEST = "specdrive-engines-manifest"
 BUILT, MISSING_TENSORRT = 0, 3
@@ -114,7 +115,7 @@ def quantization_plan(profile: EngineProfile) -> dict:
         elif p == "fp8":
             plan[g] = "fp8"
     if profile.int4_awq:
-        plan.update({g: "int4_awq" for g in ("prefill", "step")})
+        plan.update({g: "int4_awq" for g in TARGET_LLM_GRAPHS})
     return plan
 
 
@@ -185,7 +186,7 @@ def dim_ranges(profile: EngineProfile, graph: str) -> list[dict]:
     rows = (1, s.max_prompt, s.max_prompt)
     verify = (1, s.k_max + 1, s.k_max + 1)
     other = {"B": (1, 8, 64), "R": (1, s.max_prompt, s.max_len)}
-    if graph in ("prefill", "draft_prefill"):
+    if graph in (PREFILL, DRAFT_PREFILL):
         return [{"T": rows, **other}]
     return [{"T": verify, **other}, {"T": rows, **other}]
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt.config import ConfigError, check_choice, check_range, check_types, load_named
+from prompt.graphs import LLM_GRAPHS, SHAPES
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "configs" / "engines"
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
-LLM_GRAPHS = ("prefill", "step", "draft_prefill", "draft_feed", "draft_chain")
 CALIBRATION_METHODS = ("max", "entropy")
 FP8_MIN_SM = 89          # Ada (8.9), Hopper (9.0), Blackwell (10.x, 11.0, 12.x)
 ARCH = {87: "Ampere (Orin)", 89: "Ada", 90: "Hopper", 100: "Blackwell", 110: "Blackwell (Thor)"}
@@ -30,7 +30,7 @@ ARCH = {87: "Ampere (Orin)", 89: "Ada", 90: "Hopper", 100: "Blackwell", 110: "Bl
 
 @dataclass
 class GraphPrecision:
-    """The precision each exported graph is built in (export/onnx.py names the graphs)."""
+    """The precision each exported graph is built in: one field per graph of prompt/graphs.py GRAPHS."""
     vision: str = "fp16"
     vision_frame: str = "fp16"       # the one-image vision graph (reuse.vision)
     prefill: str = "fp16"
@@ -56,12 +56,12 @@ class GraphPrecision:
 @dataclass
 class Shapes:
     """What the engines are built for. max_prompt: prefill rows; k_max + 1: widest verify."""
-    max_prompt: int = 448
-    max_len: int = 1024
-    k_max: int = 8
-    cameras: int = 4
-    frames: int = 2
-    image_hw: tuple[int, ...] = (64, 96)
+    max_prompt: int = SHAPES.max_prompt
+    max_len: int = SHAPES.max_len
+    k_max: int = SHAPES.k_max
+    cameras: int = SHAPES.cameras
+    frames: int = SHAPES.frames
+    image_hw: tuple[int, ...] = SHAPES.image_hw
 
     def __post_init__(self):
         check_types(self)

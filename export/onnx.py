@@ -48,6 +48,9 @@ from models import io
 from models.draft import Draft
 from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
+from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS, PREFILL,
+                           SHAPES, STEP, VISION, VISION_FRAME)
+from prompt.graphs import graph_io as declared_io
 from prompt.meta import stamp_facts
 from prompt.pixels import images_to_patches
 
@@ -168,13 +171,13 @@ class OutputGraph(nn.Module):
 @dataclasses.dataclass
 class ExportConfig:
     """What to export. Shapes the prompt contract fixes come from the planner profile."""
-    max_len: int = 512
-    k_max: int = 8
+    max_len: int = SHAPES.max_len
+    k_max: int = SHAPES.k_max
     samples: int = 8              # expert draws per trajectory (fixed in action_output)
     combine: str = "mean"
-    cameras: int = 4
-    frames: int = 2
-    image_hw: tuple = (64, 96)
+    cameras: int = SHAPES.cameras
+    frames: int = SHAPES.frames
+    image_hw: tuple = SHAPES.image_hw
     draft_map: str = "graph"      # a reduced draft head: "graph" (draft graphs scatter its logits to
                                   # the target vocabulary, return target ids) or "host" (they return the
                                   # head's N logits and head ids; the host maps them with meta's d2t)
@@ -244,44 +247,41 @@ def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig, host_map
     pcos, psin = torch.ones(1, N + 3, hd), torch.zeros(1, N + 3, hd)
     W, A = expert.cfg.n_waypoints, expert.cfg.action_dim
     row = {1: "T"}
+    feats = "fused" if fused else "none"
+
+    def graph(name, module, args, dynamic):
+        io = declared_io(name, feats)
+        return name, module, args, (list(io.inputs), list(io.outputs)), dynamic
     out = [
-        ("vision", VisionGraph(target, s["grid"]), (torch.randn(*s["patches"]),),
-         (["patches"], ["image_embeds", "deepstack"]), None),
-        ("vision_frame", VisionGraph(target, s["grid"][:1]), (torch.randn(*s["frame_patches"]),),
-         (["patches"], ["image_embeds", "deepstack"]), None),
-        ("prefill", PrefillGraph(target, layers), (pids, pcos, psin, *img, torch.ones(N + 3, V, dtype=torch.bool)),
-         (["ids", "cos", "sin", "image_embeds", "deepstack", "allowed"], ["logits", "argmax", "feats", "kv"]),
-         {"ids": row, "cos": row, "sin": row, "image_embeds": None, "deepstack": None, "allowed": {0: "T"}}),
-        ("step", StepGraph(target, layers), (ids, cos, sin, cache, start, allowed),
-         (["ids", "cos", "sin", "cache", "start", "allowed"], ["logits", "argmax", "feats", "new_kv"]),
-         {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}),
+        graph(VISION, VisionGraph(target, s["grid"]), (torch.randn(*s["patches"]),), None),
+        graph(VISION_FRAME, VisionGraph(target, s["grid"][:1]), (torch.randn(*s["frame_patches"]),), None),
+        graph(PREFILL, PrefillGraph(target, layers), (pids, pcos, psin, *img, torch.ones(N + 3, V, dtype=torch.bool)),
+              {"ids": row, "cos": row, "sin": row, "image_embeds": None, "deepstack": None, "allowed": {0: "T"}}),
+        graph(STEP, StepGraph(target, layers), (ids, cos, sin, cache, start, allowed),
+              {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}),
     ]
     dp_args = (pids, torch.ones(1, N + 3, dl.head_dim), torch.zeros(1, N + 3, dl.head_dim), img[0])
-    dp_names = ["ids", "cos", "sin", "image_embeds"]
     dp_dyn = {"ids": row, "cos": row, "sin": row, "image_embeds": None}
     feed_args = (ids, dcos, dsin, dcache, start,
                  torch.ones(T, draft.cfg.vocab, dtype=torch.bool) if host_map else allowed)
-    feed_names = ["ids", "cos", "sin", "cache", "start", "allowed"]
     feed_dyn = {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}
-    outs = ["logits", "argmax", "hidden", "new_kv"]
     if fused:
-        out.append(("draft_prefill", DraftPrefillGraph(draft, True), (*dp_args, torch.randn(1, N + 3, F)),
-                    (dp_names + ["feats"], ["kv"]), {**dp_dyn, "feats": row}))
-        out.append(("draft_feed", DraftFeedGraph(draft, True, host_map), (*feed_args, torch.randn(1, T, F)),
-                    (feed_names + ["feats"], outs), {**feed_dyn, "feats": row}))
-        out.append(("draft_chain", DraftFeedGraph(draft, True, host_map), (*feed_args, torch.randn(1, T, D)),
-                    (feed_names + ["feats"], outs), {**feed_dyn, "feats": row}))
+        out.append(graph(DRAFT_PREFILL, DraftPrefillGraph(draft, True), (*dp_args, torch.randn(1, N + 3, F)),
+                         {**dp_dyn, FEATS: row}))
+        out.append(graph(DRAFT_FEED, DraftFeedGraph(draft, True, host_map), (*feed_args, torch.randn(1, T, F)),
+                         {**feed_dyn, FEATS: row}))
+        out.append(graph(DRAFT_CHAIN, DraftFeedGraph(draft, True, host_map), (*feed_args, torch.randn(1, T, D)),
+                         {**feed_dyn, FEATS: row}))
     else:
-        out.append(("draft_prefill", DraftPrefillGraph(draft, False), dp_args, (dp_names, ["kv"]), dp_dyn))
-        out.append(("draft_feed", DraftFeedGraph(draft, False, host_map), feed_args, (feed_names, outs), feed_dyn))
+        out.append(graph(DRAFT_PREFILL, DraftPrefillGraph(draft, False), dp_args, dp_dyn))
+        out.append(graph(DRAFT_FEED, DraftFeedGraph(draft, False, host_map), feed_args, feed_dyn))
     B, R = cfg.samples, 11
     ctx = torch.randn(s["layers"], 2, 1, s["kv_heads"], R, hd)
-    out.append(("action_velocity", VelocityGraph(expert),
-                (torch.randn(B, W, A), torch.rand(B), ctx, torch.ones(B, W, hd), torch.zeros(B, W, hd)),
-                (["x", "t", "context", "cos", "sin"], ["velocity"]),
-                {"x": {0: "B"}, "t": {0: "B"}, "context": {4: "R"}, "cos": {0: "B"}, "sin": {0: "B"}}))
-    out.append(("action_output", OutputGraph(expert, cfg.samples, cfg.combine),
-                (torch.randn(B, W, A), torch.tensor([5.0])), (["x", "v0"], ["waypoints"]), None))
+    out.append(graph(ACTION_VELOCITY, VelocityGraph(expert),
+                     (torch.randn(B, W, A), torch.rand(B), ctx, torch.ones(B, W, hd), torch.zeros(B, W, hd)),
+                     {"x": {0: "B"}, "t": {0: "B"}, "context": {4: "R"}, "cos": {0: "B"}, "sin": {0: "B"}}))
+    out.append(graph(ACTION_OUTPUT, OutputGraph(expert, cfg.samples, cfg.combine),
+                     (torch.randn(B, W, A), torch.tensor([5.0])), None))
     return out
 
 

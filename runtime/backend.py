@@ -33,6 +33,7 @@ cache row check, the tokenizer check, the draft's sampling, the readout) is writ
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,7 @@ class Backend(abc.ABC):
     fused = False                   # the draft reads the target's features (EAGLE-style)
     # reuses_vision: vision_frames / use_vision exist (PlannerConfig.reuse.vision, runtime/reuse.py)
     reuses_vision = False
+    readouts = READOUTS             # what `read` can give (an exact-only engine: ids alone)
     vocab_size: int
     max_len: int                    # cache capacity in tokens
 
@@ -130,10 +132,6 @@ class Backend(abc.ABC):
         """Write the prompt into the caches; return the readout of the last row, shape (1,...)."""
 
     @abc.abstractmethod
-    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
-        """(V,) or (P, V) bool of the tokens that may be chosen (None = all); see mask_rows."""
-
-    @abc.abstractmethod
     def draft(self, tokens: np.ndarray, start: int, k: int,
               sampling: DraftSampling | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Feed `tokens` (>= 1) at draft row `start`, then chain k tokens -> ((k,) int64, q):
@@ -145,13 +143,14 @@ class Backend(abc.ABC):
         """One target pass over `tokens` at target row `start` -> readout per token."""
 
     @abc.abstractmethod
-    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32;
-        samples > 1 draws integrated as one batch, combined by `combine`: "mean" (in action
-        space) or "medoid" (the draw nearest the others); steps: Euler steps (None: the model's).
-        Thread-safe against draft/verify calls that write rows >= start+len (the fallback
-        trajectory runs in a worker beside the reasoning)."""
+    def write(self, tokens: np.ndarray, start: int) -> None:
+        """One target pass over `tokens` (>= 1, rows already checked) at `start` that only writes
+        their cache rows (and features): the rows the action expert then reads."""
+
+    @abc.abstractmethod
+    def expert(self, rows: int, v0: float, seed: int, samples: int, steps: int | None,
+               combine: str) -> np.ndarray:
+        """The action expert on target cache rows [0, rows) -> (64, 3) float32 (see `action`)."""
 
     def close(self) -> None:
         """Release engine resources (streams, graphs, sessions)."""
@@ -167,6 +166,49 @@ class Backend(abc.ABC):
         raise ConfigError(f"backend {self.name!r} cannot take reused vision features: turn reuse.vision off")
 
     # --- host logic shared by every backend --------------------------------------------------
+    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int, samples: int = 1,
+               steps: int | None = None, combine: str = "mean") -> np.ndarray:
+        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32;
+        samples > 1 draws integrated as one batch, combined by `combine`: "mean" (in action
+        space) or "medoid" (the draw nearest the others); steps: Euler steps (None: the model's).
+        Thread-safe against draft/verify calls that write rows >= start+len (the fallback
+        trajectory runs in a worker beside the reasoning; `action_scope` puts it on its own
+        stream where the engine has one)."""
+        tokens = np.asarray(tokens, np.int64)
+        self.check_rows(start, len(tokens))
+        with self.action_scope():
+            if len(tokens):
+                self.write(tokens, start)
+            return self.expert(start + len(tokens), float(v0), int(seed), samples, steps, combine)
+
+    def action_scope(self):
+        """The context an action() call runs in (a side stream; none by default)."""
+        return contextlib.nullcontext()
+
+    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
+        """(V,) or (P, V) bool of the tokens that may be chosen (None = all), kept as `allowed`
+        (P, V): the token at sequence index i uses row (i - first) % P (see `allowed_rows`)."""
+        self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
+
+    def mask_index(self, index0: int, n: int) -> np.ndarray:
+        """(n,) rows of `allowed` for the tokens chosen at sequence indices index0 .. index0+n-1."""
+        return mask_rows(self.mask_first, index0, n, len(self.allowed))
+
+    def allowed_rows(self, index0: int, n: int) -> np.ndarray:
+        """(n, V) bool mask rows of the tokens chosen at sequence indices index0 .. index0+n-1."""
+        return self.allowed[self.mask_index(index0, n)]
+
+    def read(self, readout: str, ids, logits) -> np.ndarray:
+        """The readout switch: "argmax" -> ids() (n,) int64, "logits" -> logits() (n, V) fp32
+        (masked entries -inf). Callables, so only what the rule asks for leaves the engine."""
+        self.check_readout(readout)
+        return np.asarray(ids(), np.int64) if readout == "argmax" else np.asarray(logits(), np.float32)
+
+    def check_readout(self, readout: str) -> None:
+        if readout not in self.readouts:
+            ids_only = f" (the {self.name} backend returns token ids only)" if self.readouts == ("argmax",) else ""
+            raise ConfigError(f"readout={readout!r} is not allowed; choose one of {list(self.readouts)}{ids_only}")
+
     def check_rows(self, start: int, n: int) -> None:
         """Rows [start, start+n) must lie in the cache [0, max_len)."""
         if start < 0 or start + n > self.max_len:
@@ -191,12 +233,6 @@ class Backend(abc.ABC):
         q = process_logits(logits, sampling.temperature, sampling.top_p)
         return sample(q, float(sampling.u[j])), q
 
-    @staticmethod
-    def pick_readout(logits: np.ndarray, top: np.ndarray, readout: str) -> np.ndarray:
-        """The rows' readout from masked logits and their arg-max ids."""
-        check_readout(readout)
-        return top.astype(np.int64) if readout == "argmax" else logits.astype(np.float32)
-
 
 def load_backend(name: str, spec: BackendSpec | None = None, **fields) -> Backend:
     """Import runtime.backends.<module> only now, and build its backend from `spec` (or from
@@ -213,6 +249,8 @@ def load_backend(name: str, spec: BackendSpec | None = None, **fields) -> Backen
                               f"(no module {module_name})") from None
         raise ConfigError(f"backend {name!r} needs the package {e.name!r}, which is not "
                           "installed") from None
+    if spec.meta is not None and spec.tokenizer is not None:
+        check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
     return module.create(spec)
 
 
@@ -233,9 +271,6 @@ def mask_rows(first: int, index0: int, n: int, period: int) -> np.ndarray:
     return (index0 + np.arange(n) - first) % period
 
 
-def check_readout(readout: str) -> None:
-    if readout not in READOUTS:
-        raise ConfigError(f"readout={readout!r} is not allowed; choose one of {list(READOUTS)}")
 
 
 def expert_noise(seed: int, samples: int, n_waypoints: int, action_dim: int) -> np.ndarray:

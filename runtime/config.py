@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt.config import ConfigError, check_choice, check_range, check_types, load_named
+from prompt.graphs import SHAPES
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "planner"
 CAMERAS = ("front_wide", "front_tele", "cross_left", "cross_right")
@@ -28,7 +29,7 @@ class SpecConfig:
     decoding: str = "greedy"        # greedy: exact argmax; sample: speculative sampling
     k: int = 4                      # draft length when not adaptive (and the first guess when it is)
     adaptive: bool = True           # choose k per step to maximise tokens per second
-    k_max: int = 8
+    k_max: int = SHAPES.k_max
     temperature: float = 0.6        # Alpamayo-R1's sampling settings (temperature, then top-p)
     top_p: float = 0.98
     relax_r: int = 0                # Spec-VLA relaxed acceptance radius for trajectory tokens (bins)
@@ -145,10 +146,10 @@ class PlannerConfig:
     trajectory_combine: str = "mean"  # mean: of the draws in action space; medoid: the draw nearest
                                       # the others (always a path the expert drew)
     euler_steps: int | None = None   # the expert's Euler steps (None: the checkpoint's own)
-    max_len: int = 1024              # cache rows the backend allocates (prompt + reasoning + tail)
+    max_len: int = SHAPES.max_len    # cache rows the backend allocates (prompt + reasoning + tail)
     cameras: tuple[str, ...] = CAMERAS
-    image_hw: tuple[int, ...] = (64, 96)
-    frames: int = 2
+    image_hw: tuple[int, ...] = SHAPES.image_hw
+    frames: int = SHAPES.frames
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
 
     def __post_init__(self):

@@ -22,7 +22,7 @@ import numpy as np
 
 from prompt.config import ConfigError
 from prompt.trajectory import DT, FUT_WAYPOINTS
-from runtime.backend import Backend, PrefillInputs, check_readout, mask_rows, periodic_mask
+from runtime.backend import Backend, PrefillInputs
 
 N_POS = 64
 
@@ -52,7 +52,7 @@ class TableBackend(Backend):
         self.patch, self.merge = patch, merge
         self.cache = np.zeros((max_len, dim), np.float32)         # (max_len, D) target rows
         self.draft_cache = np.zeros((max_len, dim), np.float32)   # (max_len, D) draft rows
-        self.allowed, self.mask_first = periodic_mask(None, vocab_size), 0   # (P, V) bool
+        self.set_mask(None)                                        # allowed (P, V) bool
         self.image_feats = None
         self.prompt_len, self.rope_delta = 0, 0
         self.clock, self.costs = clock, dict(costs or {})
@@ -96,9 +96,6 @@ class TableBackend(Backend):
         self._forward(self.draft_cache, self.W_draft, ids, 0, pos, extra)
         return self._read(logits[-1:], readout, len(ids))
 
-    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
-        self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
-
     def draft(self, tokens, start: int, k: int, sampling=None):
         self._tick("draft", k)
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -123,14 +120,12 @@ class TableBackend(Backend):
         self.check_rows(start, len(tokens))
         return self._read(self._forward(self.cache, self.W, tokens, start, None), readout, start + 1)
 
-    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
+    def write(self, tokens, start: int) -> None:
+        self._forward(self.cache, self.W, np.asarray(tokens, np.int64), start, None)
+
+    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
         self._tick("action")
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if len(tokens):
-            self.check_rows(start, len(tokens))
-            self._forward(self.cache, self.W, tokens, start, None)
-        ctx = self.cache[:start + len(tokens)].mean(axis=0)
+        ctx = self.cache[:rows].mean(axis=0)
         noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * FUT_WAYPOINTS))
         draws = np.tanh(ctx @ self.act_proj + noise)                       # (samples, 128)
         u = (draws.mean(0) if combine == "mean" else medoid(draws)).reshape(FUT_WAYPOINTS, 2)
@@ -153,13 +148,11 @@ class TableBackend(Backend):
 
     def _masked(self, logits: np.ndarray, index0: int) -> np.ndarray:
         """Rows choosing the tokens at sequence indices index0.. with their masks applied."""
-        rows = mask_rows(self.mask_first, index0, len(logits), len(self.allowed))
-        return np.where(self.allowed[rows], logits, -np.inf).astype(np.float32)
+        return np.where(self.allowed_rows(index0, len(logits)), logits, -np.inf).astype(np.float32)
 
     def _read(self, logits: np.ndarray, readout: str, index0: int) -> np.ndarray:
-        check_readout(readout)
         masked = self._masked(logits, index0)
-        return masked.argmax(axis=-1).astype(np.int64) if readout == "argmax" else masked
+        return self.read(readout, lambda: masked.argmax(axis=-1), lambda: masked)
 
     def _tick(self, op: str, width: int = 1) -> None:
         """Count the call; move the fake clock by its simulated cost (main thread only)."""

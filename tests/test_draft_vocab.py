@@ -287,7 +287,7 @@ def test_graph_backends_check_the_exported_map_and_apply_a_host_map():
     from runtime.backends.graphs import GraphBackend
 
     class Bare(GraphBackend):          # only the host logic under test
-        vision = prefill = draft = verify = action = None
+        vision = prefill = draft = verify = write = expert = None
 
     d2t = build_d2t(counts(), TOK, 40)
     be = Bare()

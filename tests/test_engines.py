@@ -13,10 +13,11 @@ from onnx import TensorProto, helper
 from engines import build as eb
 from engines.profile import EngineProfile, GraphPrecision, known_profiles, load_profile
 from prompt.config import ConfigError, file_sha256
+from prompt.graphs import required_graphs
 from runtime.config import load_planner_config
 from tools import cli
 
-GRAPHS = ("vision", "prefill", "step", "draft_prefill", "draft_feed", "action_velocity", "action_output")
+GRAPHS = required_graphs("none")      # a standalone draft: no draft_chain
 
 
 def test_shipped_profiles_load():

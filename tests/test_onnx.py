@@ -184,7 +184,7 @@ def test_a_command_that_needs_torch_says_so_without_it(tmp_path):
     ("missing", "missing (meta.json lists graph"),
     ("backend", "expected kind 'engines'"),
     ("format", "expected 'specdrive-onnx'"),
-    ("names", "inputs/outputs"),
+    ("names", "this runtime binds"),
     ("tokenizer", "is not the tokenizer"),
 ])
 def test_a_mismatched_engines_folder_is_refused(engines, tmp_path, how, word):

@@ -159,7 +159,7 @@ def test_static_forward_equals_eager(backends):
     """The graph path's static forward (index_copy_ writes, masked attention over max_len),
     run uncaptured on CPU, gives the eager tokens for every draft kind."""
     for kind, be in backends.items():
-        static = TorchBackend(be.cfg, be.target, be.expert, be.draft_model, be.draft_kind, max_len=128, static=True)
+        static = TorchBackend(be.cfg, be.target, be.expert_model, be.draft_model, be.draft_kind, max_len=128, static=True)
         for i in range(6):
             a, _, _ = generate(be, scene(i), GreedyRule(), FixedK(3), max_new=12)
             b, _, _ = generate(static, scene(i), GreedyRule(), FixedK(3), max_new=12)
@@ -255,7 +255,7 @@ def test_static_runner_logits_within_1e6_of_eager(backends):
     verify logits, the fused features and the draft's cache match eager within 1e-6 (CPU)."""
     worst = {}
     for kind, be in backends.items():
-        static = TorchBackend(be.cfg, be.target, be.expert, be.draft_model, be.draft_kind, max_len=128, static=True)
+        static = TorchBackend(be.cfg, be.target, be.expert_model, be.draft_model, be.draft_kind, max_len=128, static=True)
         ids = np.asarray(scene(3), np.int64)
         pos = np.tile(np.arange(len(ids)), (3, 1))
         for b in (be, static):

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from prompt.trajectory import DT, FUT_WAYPOINTS
 from scenes.config import EGO_LENGTH, EGO_WIDTH
 from scenes.geometry import boxes_overlap
 # grading against a scene's labels lives with the scenes (calibration's report uses it too)
 from scenes.grade import ade, cause_words, commitment_correct, routine_length  # noqa: F401
 
 
-def constant_velocity(v0: float, n: int = 64, dt: float = 0.1) -> np.ndarray:
+def constant_velocity(v0: float, n: int = FUT_WAYPOINTS, dt: float = DT) -> np.ndarray:
     t = dt * np.arange(1, n + 1)
     return np.stack([v0 * t, np.zeros(n)], 1)
 

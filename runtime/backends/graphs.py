@@ -4,7 +4,7 @@ and moving its tensors) stays in each backend module.
 
     shapes       meta.json's target / draft dimensions, max_len, fused features
     rotary       prompt.positions.rope_tables: M-RoPE (target), FlatRoPE or M-RoPE (draft)
-    masks        the periodic vocabulary mask and the rows a call of n tokens at index0 reads
+    draft map    a reduced draft head's d2t (meta.json draft_vocab), applied in the graph or here
     action       the checks of a trajectory request, the seeded noise, the expert's rotary tables
 
 Numpy and the standard library only: this module is imported by every graph backend.
@@ -17,13 +17,12 @@ from prompt.config import ConfigError
 from prompt.draft_vocab import check_d2t, d2t_sha256
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
-from runtime.backend import Backend, expert_noise, mask_rows, periodic_mask
+from prompt.graphs import (DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, OPTIONAL, VISION,
+                           VISION_FRAME, graph_io, required_graphs)
+from runtime.backend import Backend, expert_noise
 
 FORMAT_VERSION = 1       # export/onnx.py's FORMAT_VERSION and OPSET: what this runtime reads
 OPSET = 18
-GRAPHS = ("vision", "prefill", "step", "draft_prefill", "draft_feed", "action_velocity", "action_output")
-OPTIONAL_GRAPHS = ("vision_frame",)   # one image at a time (reuse.vision); older exports lack it
-DRAFT_FEATURES = ("fused", "none")     # fused drafts add draft_chain (features: the draft's own hidden)
 
 
 def check_graphs_meta(folder, meta: dict) -> None:
@@ -45,11 +44,11 @@ def check_graphs_meta(folder, meta: dict) -> None:
     features = meta.get("draft_features")
     if features not in DRAFT_FEATURES:
         raise ConfigError(f"{where}: draft_features {features!r}; allowed {list(DRAFT_FEATURES)}")
-    want = set(GRAPHS) | ({"draft_chain"} if features == "fused" else set())
-    if set(graphs) - set(OPTIONAL_GRAPHS) != want:
+    want = set(required_graphs(features))
+    if set(graphs) - set(OPTIONAL) != want:
         raise ConfigError(f"{where}: graphs {sorted(graphs)}; a draft_features={features!r} export has exactly "
                           f"{sorted(want)} (missing {sorted(want - set(graphs))}, unknown "
-                          f"{sorted(set(graphs) - want - set(OPTIONAL_GRAPHS))}; optional {list(OPTIONAL_GRAPHS)})")
+                          f"{sorted(set(graphs) - want - set(OPTIONAL))}; optional {list(OPTIONAL)})")
     root = Path(folder).resolve()
     for name, g in graphs.items():
         if not isinstance(g, dict) or not all(k in g for k in ("file", "sha256", "inputs", "outputs")):
@@ -59,7 +58,18 @@ def check_graphs_meta(folder, meta: dict) -> None:
                 not (root / file).resolve().is_relative_to(root):
             raise ConfigError(f"{where}: graph {name!r} file {file!r} is outside the folder; a graph file "
                               "is a path relative to the folder, inside it")
+        _check_io_names(where, name, g, features)
     _check_declared_shapes(where, meta, graphs, features)
+
+
+def _check_io_names(where: str, name: str, graph: dict, features: str) -> None:
+    """A graph's declared input and output names are the ones prompt/graphs.py declares."""
+    want = graph_io(name, features)
+    for side, names in (("inputs", want.inputs), ("outputs", want.outputs)):
+        got = tuple(t.get("name") if isinstance(t, dict) else None for t in graph[side] or ())
+        if got != names:
+            raise ConfigError(f"{where}: graph {name!r} {side} {list(got)}; this runtime binds {list(names)} "
+                              "(the folder was exported by another version: re-export it)")
 
 
 def _dims(graph: dict, name: str, side: str = "inputs") -> list | None:
@@ -82,17 +92,17 @@ def _check_declared_shapes(where: str, meta: dict, graphs: dict, features: str) 
         raise ConfigError(f"{where}: prompt.image_hw {p['image_hw']} x {p['cameras']} cameras x {p['frames']} "
                           f"frames gives the patch grid {np.asarray(grid).tolist()[:1]}..., but grid_thw is "
                           f"{p['grid_thw'][:1]}...: the graphs were exported for another image size")
-    wants = [("vision", "patches", list(patches.shape))]
-    if "vision_frame" in graphs:
-        wants.append(("vision_frame", "patches", [patches.shape[0] // len(images), patches.shape[1]]))
+    wants = [(VISION, "patches", list(patches.shape))]
+    if VISION_FRAME in graphs:
+        wants.append((VISION_FRAME, "patches", [patches.shape[0] // len(images), patches.shape[1]]))
     fused = features == "fused"
-    for graph in ("draft_feed", "draft_prefill"):
-        if (_dims(graphs[graph], "feats") is not None) != fused:
+    for graph in (DRAFT_FEED, DRAFT_PREFILL):
+        if (_dims(graphs[graph], FEATS) is not None) != fused:
             raise ConfigError(f"{where}: draft_features {features!r} but graph {graph!r} "
                               f"{'has no' if fused else 'has a'} 'feats' input: the graphs are of another draft")
     if fused:
-        wants += [("draft_feed", "feats", [1, "T", 3 * t["hidden"]]),
-                  ("draft_chain", "feats", [1, "T", d["hidden"]])]
+        wants += [(DRAFT_FEED, FEATS, [1, "T", 3 * t["hidden"]]),
+                  (DRAFT_CHAIN, FEATS, [1, "T", d["hidden"]])]
     for graph, inp, shape in wants:
         got = _dims(graphs[graph], inp)
         if got != shape:
@@ -183,14 +193,6 @@ class GraphBackend(Backend):
         imgs = np.asarray(images).reshape(-1, *images.shape[-3:])        # camera-major
         patches, _ = images_to_patches(imgs, v["patch"], v["temporal_patch"], v["merge"])
         return patches.astype(np.float32)
-
-    # --- masks ----------------------------------------------------------------------------------
-    def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
-        self.allowed, self.mask_first = periodic_mask(allowed, self.vocab_size), int(first)
-
-    def allowed_rows(self, index0: int, n: int) -> np.ndarray:
-        """(n, V) bool mask rows of the tokens chosen at sequence indices index0 .. index0+n-1."""
-        return self.allowed[mask_rows(self.mask_first, index0, n, len(self.allowed))]
 
     # --- rotary tables --------------------------------------------------------------------------
     def target_rope(self, positions):

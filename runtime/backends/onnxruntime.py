@@ -26,7 +26,8 @@ import numpy as np
 import onnxruntime as ort
 
 from prompt.config import ConfigError, file_sha256
-from runtime.backend import BackendSpec, PrefillInputs, check_tokenizer
+from prompt.graphs import ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
+from runtime.backend import BackendSpec, PrefillInputs
 from runtime.backends.graphs import GraphBackend, split_frames
 
 FORMAT = "specdrive-onnx"
@@ -59,16 +60,16 @@ class OrtBackend(GraphBackend):
 
     # --- vision and prefill ------------------------------------------------------------------
     def vision(self, images: np.ndarray) -> None:
-        self.images = self._run("vision", patches=self.patches(images))
+        self.images = self._run(VISION, patches=self.patches(images))
 
     def vision_frames(self, images: np.ndarray) -> list:
         """(embeds (n, D), deepstack (S, n, D)) per frame: the vision_frame graph once per new
         frame; an export without it runs the whole vision graph on the frames padded to its
         image count (exact, as fast as vision())."""
         images = np.asarray(images)
-        if "vision_frame" in self.sessions:
-            return [tuple(self._run("vision_frame", patches=self.patches(f[None]))) for f in images]
-        return split_frames(images, lambda x: self._run("vision", patches=self.patches(x)), self.n_images)
+        if VISION_FRAME in self.sessions:
+            return [tuple(self._run(VISION_FRAME, patches=self.patches(f[None]))) for f in images]
+        return split_frames(images, lambda x: self._run(VISION, patches=self.patches(x)), self.n_images)
 
     def use_vision(self, frames: list) -> None:
         self.images = (np.concatenate([f[0] for f in frames]), np.concatenate([f[1] for f in frames], axis=1))
@@ -82,22 +83,22 @@ class OrtBackend(GraphBackend):
         self.delta = int(inputs.rope_delta)
         cos, sin = self.target_rope(np.asarray(inputs.positions)[:, None])
         embeds, deep = self.images
-        logits, top, feats, kv = self._run("prefill", ids=ids, cos=cos, sin=sin, image_embeds=embeds,
+        logits, top, feats, kv = self._run(PREFILL, ids=ids, cos=cos, sin=sin, image_embeds=embeds,
                                            deepstack=deep, allowed=self.allowed_rows(1, T))
         self.cache[..., :T, :] = kv
         if self.fused:
             self.feats[:T] = feats[0]
         dcos, dsin = self.draft_rope(0, T, np.asarray(inputs.positions)[:, None])
         extra = {"feats": np.concatenate([np.zeros_like(feats[:, :1]), feats[:, :-1]], 1)} if self.fused else {}
-        (dkv,) = self._run("draft_prefill", ids=ids, cos=dcos, sin=dsin, image_embeds=embeds, **extra)
+        (dkv,) = self._run(DRAFT_PREFILL, ids=ids, cos=dcos, sin=dsin, image_embeds=embeds, **extra)
         self.draft_cache[..., :T, :] = dkv
-        return self.pick_readout(logits[0, -1:], top[0, -1:], readout)
+        return self.read(readout, lambda: top[0, -1:], lambda: logits[0, -1:])
 
     # --- draft, verify, action ---------------------------------------------------------------
     def draft(self, tokens, start: int, k: int, sampling=None):
         ids = np.asarray(tokens, np.int64)[None]
         self.check_rows(start, ids.shape[1] + k - 1)
-        out, qs, graph = [], [], "draft_feed"
+        out, qs, graph = [], [], DRAFT_FEED
         feats = self.feed_features(start, ids.shape[1])
         for _ in range(k):
             n = ids.shape[1]
@@ -113,7 +114,7 @@ class OrtBackend(GraphBackend):
             out.append(token)
             start, ids = start + n, np.array([[token]], np.int64)
             if self.fused:
-                graph, feats = "draft_chain", hidden[:, -1:]
+                graph, feats = DRAFT_CHAIN, hidden[:, -1:]
         return np.asarray(out, np.int64), (np.stack(qs) if sampling is not None else None)
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
@@ -121,22 +122,19 @@ class OrtBackend(GraphBackend):
         n = ids.shape[1]
         self.check_rows(start, n)
         logits, top = self._step(ids, start)
-        return self.pick_readout(logits[0], top[0], readout)
+        return self.read(readout, lambda: top[0], lambda: logits[0])
 
-    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        tokens = np.asarray(tokens, np.int64)
-        if len(tokens):
-            self.check_rows(start, len(tokens))
-            self._step(tokens[None], start)
-        rows = start + len(tokens)
+    def write(self, tokens, start: int) -> None:
+        self._step(np.asarray(tokens, np.int64)[None], start)
+
+    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
         context = np.ascontiguousarray(self.cache[..., :rows, :])
         x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
         times = self.euler_times(steps, samples)
         for t in times:                              # x <- x + dt v(x, t), t = i / steps
-            (v,) = self._run("action_velocity", x=x, t=t, context=context, cos=cos, sin=sin)
+            (v,) = self._run(ACTION_VELOCITY, x=x, t=t, context=context, cos=cos, sin=sin)
             x = x + v / np.float32(len(times))
-        (wp,) = self._run("action_output", x=x, v0=np.array([v0], np.float32))
+        (wp,) = self._run(ACTION_OUTPUT, x=x, v0=np.array([v0], np.float32))
         return wp[0].astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
@@ -144,7 +142,7 @@ class OrtBackend(GraphBackend):
         """Target step over ids (1, n) at `start`: writes the rows' K/V (and features)."""
         n = ids.shape[1]
         cos, sin = self.target_rope(np.arange(start, start + n)[None] + self.delta)
-        logits, top, feats, kv = self._run("step", ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
+        logits, top, feats, kv = self._run(STEP, ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
                                            start=np.array([start], np.int64), allowed=self.allowed_rows(start + 1, n))
         self.cache[..., start:start + n, :] = kv
         if self.fused:
@@ -247,5 +245,4 @@ def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> di
 
 
 def create(spec: BackendSpec) -> OrtBackend:
-    check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
     return OrtBackend(spec.engines, spec.meta, spec.device, spec.max_len, spec.threads, spec.tokenizer)

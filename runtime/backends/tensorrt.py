@@ -45,14 +45,14 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError, file_sha256
-from runtime.backend import BackendSpec, PrefillInputs, check_readout, check_tokenizer
+from prompt.graphs import ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
+from runtime.backend import BackendSpec, PrefillInputs
 from runtime.backends.graphs import GraphBackend, output_dims, split_frames
 
 INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer` (TensorRT 10.3); on "
            "DRIVE OS 6 TensorRT 8.6 comes with the DRIVE OS SDK; on x86 GPUs: `pip install tensorrt`; "
            "and cuda-python for device memory and streams: `pip install 'cuda-python>=12'` (pycuda is "
            "not needed)")
-ACTION_GRAPHS = ("action_velocity", "action_output")
 # a graph's Q/DQ precision (meta.json, calibration/) -> the engine precision it must be built at;
 # fp32 graphs build at the profile's fp32 / fp16 / bf16
 QUANTIZED = {"int8": "int8", "int8_sq": "int8", "fp8": "fp8"}
@@ -266,7 +266,7 @@ class TensorRTBackend(GraphBackend):
             bound = {"cache": self.draft_cache if g.startswith("draft") else self.cache}
             stream = self.action_stream if g in ACTION_GRAPHS else self.stream
             self.engines[g] = Engine(trt, cuda, runtime, self.folder / entry["file"], stream, bound)
-        self.verify_graphs = GraphRunner(cuda, self.engines["step"], eager)
+        self.verify_graphs = GraphRunner(cuda, self.engines[STEP], eager)
         self._upload_tables()
         self.set_mask(None)
         self._capture_verify_widths()
@@ -322,7 +322,7 @@ class TensorRTBackend(GraphBackend):
 
     # --- vision and prefill -------------------------------------------------------------------
     def vision(self, images: np.ndarray) -> None:
-        e = self.engines["vision"]
+        e = self.engines[VISION]
         patches = self.patches(images)
         host = self._staging("patches", patches.shape, np.float32)
         host[:] = patches
@@ -334,13 +334,13 @@ class TensorRTBackend(GraphBackend):
         """(embeds (n, D), deepstack (S, n, D)) per frame on the host: the vision_frame engine once
         per new frame, else the whole vision engine on the frames padded to its image count."""
         images = np.asarray(images)
-        if "vision_frame" in self.engines:
-            return [self._vision_run("vision_frame", f[None]) for f in images]
-        return split_frames(images, lambda x: self._vision_run("vision", x), self.n_images)
+        if VISION_FRAME in self.engines:
+            return [self._vision_run(VISION_FRAME, f[None]) for f in images]
+        return split_frames(images, lambda x: self._vision_run(VISION, x), self.n_images)
 
     def use_vision(self, frames: list) -> None:
         """One cycle's per-frame features into the vision engine's output buffers (prefill reads them)."""
-        v = self.engines["vision"]
+        v = self.engines[VISION]
         feats = {"image_embeds": np.concatenate([f[0] for f in frames]),
                  "deepstack": np.concatenate([f[1] for f in frames], axis=1)}
         for name, x in feats.items():
@@ -372,7 +372,7 @@ class TensorRTBackend(GraphBackend):
         if not self.has_images:
             raise ValueError("tensorrt backend: prefill needs vision(images) first")
         self.delta = int(inputs.rope_delta)
-        e, v, dp = self.engines["prefill"], self.engines["vision"], self.engines["draft_prefill"]
+        e, v, dp = self.engines[PREFILL], self.engines[VISION], self.engines[DRAFT_PREFILL]
         self.ids_host[:T] = ids
         cuda.h2d(e.buf["ids"], self.ids_host[:T], s)
         cos, sin = self.target_rope(np.asarray(inputs.positions)[:, None])
@@ -417,10 +417,10 @@ class TensorRTBackend(GraphBackend):
         self.check_rows(start, n0 + k - 1)
         if n0 + k > len(self.top_host):
             raise ValueError(f"tensorrt backend: {n0} fed + {k} proposals exceed {len(self.top_host)}")
-        feed = self.engines["draft_feed"]
+        feed = self.engines[DRAFT_FEED]
         self.ids_host[:n0] = tokens
         cuda.h2d(feed.buf["ids"], self.ids_host[:n0], s)
-        hidden = [feed.buf["hidden"], self.engines.get("draft_chain", feed).buf["hidden"]]
+        hidden = [feed.buf["hidden"], self.engines.get(DRAFT_CHAIN, feed).buf["hidden"]]
         slot = self.proposals + (n0 - 1) * 8                 # proposal j lands at slot + 8 j
         n, e, qs = n0, feed, []
         for j in range(k):
@@ -438,7 +438,7 @@ class TensorRTBackend(GraphBackend):
                 qs.append(q)
                 cuda.h2d(slot + 8 * j, self.ids_host[:1], s)
             n_prev, start, n = n, start + n, 1
-            e = self.engines["draft_chain"] if self.fused else feed
+            e = self.engines[DRAFT_CHAIN] if self.fused else feed
         cuda.d2h(self.top_host[:k], slot, s)
         cuda("cudaStreamSynchronize", s)
         return self.top_host[:k].copy(), (np.stack(qs) if sampling is not None else None)
@@ -447,15 +447,12 @@ class TensorRTBackend(GraphBackend):
         tokens = np.asarray(tokens, np.int64)
         self.check_rows(start, len(tokens))
         self._step(tokens, start)
-        return self._read(self.engines["step"], 0, len(tokens), readout)
+        return self._read(self.engines[STEP], 0, len(tokens), readout)
 
-    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        tokens = np.asarray(tokens, np.int64)
-        if len(tokens):
-            self.check_rows(start, len(tokens))
-            self._step(tokens, start)
-        rows = start + len(tokens)
+    def write(self, tokens, start: int) -> None:
+        self._step(np.asarray(tokens, np.int64), start)
+
+    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
         with self.action_lock:
             return self._expert(rows, v0, seed, samples, steps, combine)
 
@@ -476,7 +473,7 @@ class TensorRTBackend(GraphBackend):
         """Target step over n tokens at `start`: inputs into the static buffers, the engine (a
         CUDA graph per verify width; `capture`: warm-up), the new K/V rows into the cache,
         features into `feats`."""
-        n, e, cuda, s = len(tokens), self.engines["step"], self.cuda, self.stream
+        n, e, cuda, s = len(tokens), self.engines[STEP], self.cuda, self.stream
         hd = self.meta["target"]["head_dim"]
         self.ids_host[:n] = tokens
         cuda.h2d(e.buf["ids"], self.ids_host[:n], s)
@@ -492,7 +489,7 @@ class TensorRTBackend(GraphBackend):
         """One draft call of n tokens at `start` (eager: its addresses move along the chain)."""
         d = self.meta["draft_llm"]
         self._inputs(e, self.rope["dcos"], self.rope["dsin"], d["head_dim"], start, n)
-        feats = {"feats": (1, n, self.feat_dim if e.name == "draft_feed" else d["hidden"])} if self.fused else {}
+        feats = {"feats": (1, n, self.feat_dim if e.name == DRAFT_FEED else d["hidden"])} if self.fused else {}
         e.run({"ids": (1, n), "cos": (1, n, d["head_dim"]), "sin": (1, n, d["head_dim"]),
                "allowed": (n, self.vocab_size), **feats}, addresses)
         self._write_rows("draft_cache", e.buf["new_kv"], start, n)
@@ -521,15 +518,17 @@ class TensorRTBackend(GraphBackend):
     def _read(self, e: Engine, row: int, n: int, readout: str) -> np.ndarray:
         """Rows row..row+n-1 of e's arg-max (n int64) or masked logits (n, V) back to the host."""
         cuda, s, V = self.cuda, self.stream, self.vocab_size
-        check_readout(readout)
-        if readout == "argmax":
-            cuda.d2h(self.top_host[:n], e.buf["argmax"] + row * 8, s)
-        else:
+
+        def back(host, src):
+            cuda.d2h(host, src, s)
+            cuda("cudaStreamSynchronize", s)
+            return host.copy()
+
+        def logits():
             if n > len(self.logits_host):
                 raise ValueError(f"tensorrt backend: {n} logits rows exceed {len(self.logits_host)}")
-            cuda.d2h(self.logits_host[:n], e.buf["logits"] + row * V * 4, s)
-        cuda("cudaStreamSynchronize", s)
-        return self.top_host[:n].copy() if readout == "argmax" else self.logits_host[:n].copy()
+            return back(self.logits_host[:n], e.buf["logits"] + row * V * 4)
+        return self.read(readout, lambda: back(self.top_host[:n], e.buf["argmax"] + row * 8), logits)
 
     def _h2d_pair(self, e: Engine, cos: np.ndarray, sin: np.ndarray) -> None:
         """A prompt's rotary tables (1, T, hd) into e's cos / sin (staging of max_len rows, once)."""
@@ -550,7 +549,7 @@ class TensorRTBackend(GraphBackend):
     def _expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine) -> np.ndarray:
         """The action expert on its own stream, after the last cache write (an event)."""
         cuda, s = self.cuda, self.action_stream
-        vel, out = self.engines["action_velocity"], self.engines["action_output"]
+        vel, out = self.engines[ACTION_VELOCITY], self.engines[ACTION_OUTPUT]
         x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
         times = self.euler_times(steps, samples)
         blocks, hd = self.kv["cache"]
@@ -633,6 +632,5 @@ def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, s
 
 
 def create(spec: BackendSpec) -> TensorRTBackend:
-    check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
     return TensorRTBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager,
                            tokenizer=spec.tokenizer)

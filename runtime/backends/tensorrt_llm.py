@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError
-from runtime.backend import Backend, BackendSpec, PrefillInputs, check_readout, check_tokenizer, periodic_mask
+from prompt.graphs import VISION
+from runtime.backend import Backend, BackendSpec, PrefillInputs, periodic_mask
 
 INSTALL = ("TensorRT-LLM runs on x86 and Grace/Hopper GPUs and Thor (`pip install tensorrt_llm`, or NVIDIA's "
            "TensorRT-LLM container); its last Orin release (v0.12.0-jetson) predates M-RoPE: on Orin use "
@@ -65,6 +66,7 @@ def import_libraries():
 class TrtLlmBackend(Backend):
     name = "tensorrt-llm"
     exact_only = True
+    readouts = ("argmax",)          # token ids only (acceptance happens inside the runtime)
 
     def __init__(self, folder: Path, meta: dict, manifest: dict, max_len: int | None = None,
                  k_max: int | None = None, eager: bool = False, libraries=None, tokenizer=None):
@@ -92,15 +94,15 @@ class TrtLlmBackend(Backend):
 
     def vision(self, images: np.ndarray) -> None:
         self.engines.vision(images)
-        e = self.engines.engines["vision"]
-        table = np.zeros(self.engines.meta["graphs"]["vision"]["outputs"][0]["shape"], np.float32)
+        e = self.engines.engines[VISION]
+        table = np.zeros(self.engines.meta["graphs"][VISION]["outputs"][0]["shape"], np.float32)
         self.engines.cuda.d2h(table, e.buf["image_embeds"], self.engines.stream)
         self.engines.cuda("cudaStreamSynchronize", self.engines.stream)
         self.prompt_table = self.torch.from_numpy(table)          # (N, D): one row per image token
         self.cycle += 1
 
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
-        self._greedy(readout)
+        self.check_readout(readout)
         self.engines.prefill(inputs, "argmax")                     # the expert's cache (fallback)
         ids = np.asarray(inputs.ids, np.int64)
         T = self.prompt_len = len(ids)
@@ -110,10 +112,11 @@ class TrtLlmBackend(Backend):
         return out[:1].astype(np.int64)
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
-        allowed = periodic_mask(allowed, self.vocab_size)
-        if len(allowed) > 1:
+        if len(periodic_mask(allowed, self.vocab_size)) > 1:
             raise ConfigError("--backend tensorrt-llm: a periodic vocabulary mask (trajectory tokens decoded "
                               "by the LLM) cannot be given as bad words; use trajectory: expert")
+        super().set_mask(allowed, first)
+        allowed = self.allowed
         self.bad_words = [[int(t)] for t in np.flatnonzero(~allowed[0])]
         # a reduced draft head (zero lm_head rows off the head, engines/trtllm.py): banned for the draft
         d2t = getattr(getattr(self, "engines", None), "d2t", None)
@@ -140,7 +143,7 @@ class TrtLlmBackend(Backend):
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         """Target choices after each token: known up to the first rejected proposal, -1 beyond
         (and over forced pending tokens, whose choices the loop never reads)."""
-        self._greedy(readout)
+        self.check_readout(readout)
         tokens = np.asarray(tokens, np.int64)
         n, proposed, self.proposed = len(tokens), self.proposed, None
         k = len(proposed) if proposed is not None and n > len(proposed) and \
@@ -154,12 +157,15 @@ class TrtLlmBackend(Backend):
         rows[p - 1:p - 1 + len(out)] = out                        # accepted proposals, then the next token
         return rows
 
-    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        """The reasoning rows into the TensorRT cache (one step), then the expert there."""
+    def write(self, tokens, start: int) -> None:
+        """Only into the sequence: `expert` writes the TensorRT cache's missing rows."""
+        self.seq[start:start + len(tokens)] = tokens
+
+    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+        """The reasoning rows [prompt_len, rows) into the TensorRT cache (one step), then the
+        expert there."""
         T = self.prompt_len
-        rows = np.concatenate([self.seq[T:start].astype(np.int64), np.asarray(tokens, np.int64)])
-        return self.engines.action(rows, T, v0, seed, samples, steps, combine)
+        return self.engines.action(self.seq[T:rows].astype(np.int64), T, v0, seed, samples, steps, combine)
 
     def close(self) -> None:
         for runner in (getattr(self, "target", None), getattr(self, "drafter", None)):
@@ -198,12 +204,6 @@ class TrtLlmBackend(Backend):
         return self.MropeParams(mrope_rotary_cos_sin=self.torch.from_numpy(table),
                                 mrope_position_deltas=self.torch.tensor([[int(inputs.rope_delta)]]))
 
-    def _greedy(self, readout: str) -> None:
-        check_readout(readout)
-        if readout != "argmax":
-            raise ConfigError("--backend tensorrt-llm returns token ids only (exact acceptance): "
-                              "readout 'logits' is not available")
-
 
 
 def engine_dirs(folder: Path, manifest: dict) -> dict:
@@ -226,6 +226,5 @@ def engine_dirs(folder: Path, manifest: dict) -> dict:
 
 
 def create(spec: BackendSpec) -> TrtLlmBackend:
-    check_tokenizer(spec.meta, spec.tokenizer, spec.engines)
     return TrtLlmBackend(spec.engines, spec.meta, spec.manifest, spec.max_len, spec.k_max, spec.eager,
                          tokenizer=spec.tokenizer)

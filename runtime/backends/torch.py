@@ -32,12 +32,13 @@ from models.config import ModelConfig, load_preset
 from models.draft import shift_features
 from models.target import Target
 from prompt.config import ConfigError
+from prompt.graphs import SHAPES
 from prompt.pixels import images_to_patches
-from runtime.backend import Backend, BackendSpec, PrefillInputs, check_readout, expert_noise, mask_rows, periodic_mask
+from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise
 from runtime.config import K_MAX_LIMIT
 
 DRAFT_KINDS = ("routine", "self", "none")
-DEFAULT_MAX_LEN = 1024
+DEFAULT_MAX_LEN = SHAPES.max_len
 
 
 class TorchBackend(Backend):
@@ -45,12 +46,12 @@ class TorchBackend(Backend):
     reuses_vision = True
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
-                 draft_kind: str = "routine", device: str = "cpu", max_len: int = 1024,
+                 draft_kind: str = "routine", device: str = "cpu", max_len: int = DEFAULT_MAX_LEN,
                  eager: bool = True, static: bool = False, k_max: int | None = None):
         if draft_kind not in DRAFT_KINDS:
             raise ConfigError(f"draft kind {draft_kind!r} is not known; choose one of {list(DRAFT_KINDS)}")
         self.cfg, self.device = cfg, torch.device(device)
-        self.target, self.expert, self.draft_model, self.draft_kind = target, expert, draft, draft_kind
+        self.target, self.expert_model, self.draft_model, self.draft_kind = target, expert, draft, draft_kind
         for m in (target, expert, draft):
             if m is not None:
                 m.to(self.device).eval()
@@ -129,8 +130,8 @@ class TorchBackend(Backend):
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
         """(P, V) on the device once per phase; rows picked per token by sequence index."""
-        self.allowed = torch.from_numpy(periodic_mask(allowed, self.vocab_size)).to(self.device)
-        self.mask_first = int(first)
+        super().set_mask(allowed, first)
+        self.allowed_dev = torch.from_numpy(self.allowed).to(self.device)
 
     # --- draft, verify, action ---------------------------------------------------------------
     @torch.no_grad()
@@ -165,24 +166,27 @@ class TorchBackend(Backend):
             self.feats[start:start + ids.shape[1]] = feats
         return self._read(logits[0], readout, start + 1)
 
-    def action(self, tokens, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        stream = torch.cuda.stream(self.side_stream) if self.side_stream is not None else contextlib.nullcontext()
-        with torch.no_grad(), stream:
-            if self.side_stream is not None:   # after the cache writes queued so far
+    @contextlib.contextmanager
+    def action_scope(self):
+        """No autograd; on CUDA the fallback's own stream, after the cache writes queued so far."""
+        with torch.no_grad():
+            if self.side_stream is None:
+                yield
+                return
+            with torch.cuda.stream(self.side_stream):
                 self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
-            n = len(tokens)
-            if n:
-                ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
-                self.check_rows(start, n)
-                self.target(ids, *self._text_rope(start, n), self.cache, start)
-            ec = self.expert.cfg        # the noise of every backend: numpy, on the host
-            noise = torch.from_numpy(expert_noise(seed, samples, ec.n_waypoints, ec.action_dim)).to(self.device)
-            wp, _ = self.expert.sample(self.cache, start + n, torch.tensor([float(v0)], device=self.device),
-                                       steps, rope_delta=self.delta, noise=noise, samples=samples,
-                                       combine=combine)
-            out = wp[0].float().cpu().numpy()
-        return out
+                yield
+
+    def write(self, tokens, start: int) -> None:
+        ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
+        self.target(ids, *self._text_rope(start, ids.shape[1]), self.cache, start)
+
+    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+        ec = self.expert_model.cfg        # the noise of every backend: numpy, on the host
+        noise = torch.from_numpy(expert_noise(seed, samples, ec.n_waypoints, ec.action_dim)).to(self.device)
+        wp, _ = self.expert_model.sample(self.cache, rows, torch.tensor([v0], device=self.device), steps,
+                                         rope_delta=self.delta, noise=noise, samples=samples, combine=combine)
+        return wp[0].float().cpu().numpy()
 
     # --- the forwards the runner captures (start: an int, or a (1,) device tensor) ---------------
     def _verify(self, ids, cos, sin, start):
@@ -214,16 +218,12 @@ class TorchBackend(Backend):
 
     def _masked(self, logits: torch.Tensor, index0: int) -> torch.Tensor:
         """logits (n, V) choosing the tokens at sequence indices index0.. -> masked fp32."""
-        rows = mask_rows(self.mask_first, index0, logits.shape[0], self.allowed.shape[0])
-        allowed = self.allowed[torch.from_numpy(rows).to(self.device)]
-        return logits.float().masked_fill(~allowed, float("-inf"))
+        rows = torch.from_numpy(self.mask_index(index0, logits.shape[0])).to(self.device)
+        return logits.float().masked_fill(~self.allowed_dev[rows], float("-inf"))
 
     def _read(self, logits: torch.Tensor, readout: str, index0: int) -> np.ndarray:
-        check_readout(readout)
         masked = self._masked(logits, index0)
-        if readout == "argmax":
-            return masked.argmax(-1).cpu().numpy().astype(np.int64)
-        return masked.cpu().numpy()
+        return self.read(readout, lambda: masked.argmax(-1).cpu().numpy(), lambda: masked.cpu().numpy())
 
 
 def check_image_tokens(ids, image_token_id: int, n_embeds: int) -> None:
