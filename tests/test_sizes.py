@@ -131,3 +131,10 @@ def test_c_is_the_per_proposal_cost_of_one_feed_and_k_minus_1_chain_steps():
     assert r["c_feed"] == r["c_chain"] == pytest.approx(r["c"])     # one call, timed once
     with pytest.raises(ConfigError, match="k=0"):
         step_cost_ratio(cfg, runs=1, warmup=0, k=0)
+
+
+def test_measure_c_refuses_a_draft_length_below_one():
+    from tools import measure_c
+    with pytest.raises(SystemExit) as e:
+        measure_c.main(["--k", "0"])
+    assert e.value.code == 2
