@@ -1,6 +1,7 @@
 """The reduced draft head's two curves: coverage of the target's CoC tokens against N (our corpus,
 our tokenizer) and the measured draft cost c against N (`python -m tools.measure_c --draft-vocab`
-JSON lines), drawn side by side for docs/bench.md.
+JSON lines: c per proposal at k, and the feed step's c_feed dotted), drawn side by side for
+docs/bench.md.
 
     rows = coverage_rows(data_dir, tok, ns)     [{"n", "coverage", "text_slots"}]
     plot(coverage, measured {preset: [measure_c rows]}, out_png)
@@ -43,10 +44,14 @@ def plot(coverage: list[dict], measured: dict, out: Path) -> Path:
     a.minorticks_off()
     a.grid(alpha=0.3)
     for preset, rows in measured.items():
-        b.plot([r["draft_vocab"] for r in rows], [r["c"] for r in rows], "o-", label=preset)
+        line, = b.plot([r["draft_vocab"] for r in rows], [r["c"] for r in rows], "o-",
+                       label=f"{preset}: c at k = {rows[0].get('k', 1)}")
+        if "c_feed" in rows[0]:     # the feed step alone (the target's features through fc)
+            b.plot([r["draft_vocab"] for r in rows], [r["c_feed"] for r in rows], ":", color=line.get_color(),
+                   label=f"{preset}: c_feed")
     b.axhline(0.04, color="grey", ls="--", lw=1, label="c = 0.04")
-    b.set(xscale="log", xlabel="draft head rows N (rightmost: the full head)", ylabel="c = draft / target step",
-          title="measured c, CPU fp32, 1 thread")
+    b.set(xscale="log", xlabel="draft head rows N (rightmost: the full head)",
+          ylabel="c = draft per proposal / target step", title="measured c, CPU fp32, 1 thread")
     b.legend()
     b.grid(alpha=0.3)
     fig.tight_layout()

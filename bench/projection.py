@@ -10,7 +10,10 @@ the CPU validation shows what that leaves out). Batch 1, one cycle:
 
     vision      the ViT over every encoded image (attention inside each image), patch embed, mergers
     prefill     the target over the prompt, then the draft over it (its cache is written too)
-    draft step  one draft forward of one token (k of them per speculative step)
+    draft call  one per speculative step: a feed step (one row of the target's features through
+                the draft's fc fusion, then its layers and head) and k - 1 chain steps (the
+                draft's own hidden: no fc); "draft_step" is the call / k, the cost per proposal
+                (the c of tools.measure_c)
     verify(w)   one target forward of w = k + 1 tokens (w = 1: a plain decode step)
     reasoning   plain: N verify(1); speculative: ceil(N / tau) steps of k draft steps + verify(k+1);
                 on drives a share of the steps is proposed by lookup (the last cycles' reasoning):
@@ -197,11 +200,14 @@ class Shapes:
             self.matmul(c, "lm_head", logits_rows, llm.hidden, llm.vocab_size)
         return c
 
-    def draft(self, T: float, valid: float, max_len: int, logits_rows: float) -> Cost:
+    def draft(self, T: float, valid: float, max_len: int, logits_rows: float, fc: bool = True) -> Cost:
+        """T rows of the draft; fc=False: a chain step, which feeds the draft's own hidden (D
+        wide) and skips the fusion fc (3D -> D); in_proj runs either way."""
         cfg, c = self.cfg, Cost()
         llm, D = cfg.draft_llm(), cfg.target.llm.hidden
         if cfg.draft.features == "fused":
-            self.matmul(c, "fuse", T, len(cfg.draft.feature_layers) * D, D)
+            if fc:
+                self.matmul(c, "fuse", T, len(cfg.draft.feature_layers) * D, D)
             self.matmul(c, "in_proj", T, 2 * D, D)
         self.decoder(c, llm, T, self._ctx(valid, max_len), llm.layers)
         if logits_rows:   # a reduced head (draft.vocab = N): N rows, then its logits scattered to V (fp32)
@@ -266,7 +272,8 @@ def prompt_tokens(cfg: ModelConfig, images: int, image_hw) -> int:
 
 
 def stage_costs(cfg: ModelConfig, w: Workload, impl: str) -> dict:
-    """{call: Cost} of every engine call of one cycle (one draft step, one verify per width)."""
+    """{call: Cost} of every engine call of one cycle (the draft's feed and chain steps and their
+    mean per proposal, one verify per width)."""
     s = Shapes(cfg, w.precision, impl)
     T = w.prompt_len or prompt_tokens(cfg, w.images, w.image_hw)
     N, ref = w.reasoning_tokens, impl == "reference"
@@ -276,8 +283,12 @@ def stage_costs(cfg: ModelConfig, w: Workload, impl: str) -> dict:
     traj = s.target(N + 1, T + N + 1, w.max_len, N + 1 if ref else 0)   # rewrite of the reasoning rows
     traj.extend(s.expert(w.samples, T + N + 1), w.euler_steps)
     enc = w.images if w.encoded_images is None else w.encoded_images
+    feed, chain, step = s.draft(1, ctx, w.max_len, 1), s.draft(1, ctx, w.max_len, 1, fc=False), Cost()
+    k = max(w.k, 1)
+    step.extend(feed, 1 / k)                            # one feed + (k - 1) chain steps per call
+    step.extend(chain, (k - 1) / k)
     return {"prompt_len": T, "vision": s.vision(enc, w.image_hw), "prefill": prefill,
-            "draft_step": s.draft(1, ctx, w.max_len, 1),
+            "draft_feed": feed, "draft_chain": chain, "draft_step": step,
             "verify": {width: s.target(width, ctx, w.max_len, width) for width in {1, w.k + 1}},
             "trajectory": traj}
 
@@ -285,7 +296,8 @@ def stage_costs(cfg: ModelConfig, w: Workload, impl: str) -> dict:
 def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:
     """Per-stage ms for plain and speculative decoding, and whether the cycle fits the budget."""
     costs = stage_costs(cfg, w, dev.impl)
-    ms = {name: costs[name].ms(dev, w.precision) for name in ("vision", "prefill", "draft_step", "trajectory")}
+    ms = {name: costs[name].ms(dev, w.precision)
+          for name in ("vision", "prefill", "draft_feed", "draft_chain", "draft_step", "trajectory")}
     verify = {width: c.ms(dev, w.precision) for width, c in costs["verify"].items()}
     N = w.reasoning_tokens
     steps = math.ceil(N / w.tau) if w.k else N

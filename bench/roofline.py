@@ -146,7 +146,7 @@ def validate(cfg, dev: Device, w: Workload, stats: dict) -> list[dict]:
                          "ratio": measured / projected if projected else None})
     row("vision", calls.get("vision"), costs["vision"].ms(dev, w.precision))
     row("prefill", calls.get("prefill"), costs["prefill"].ms(dev, w.precision))
-    row("draft step (1 token)", calls.get("draft_step"), costs["draft_step"].ms(dev, w.precision))
+    row("draft per proposal (call / k)", calls.get("draft_step"), costs["draft_step"].ms(dev, w.precision))
     for width, ms in sorted((int(k), v) for k, v in calls.get("verify", {}).items()):
         pw = dataclasses.replace(w, k=width - 1, tau=1.0)
         row(f"verify width {width}", ms, stage_costs(cfg, pw, dev.impl)["verify"][width].ms(dev, w.precision))
@@ -164,7 +164,7 @@ def format_result(r: dict) -> str:
              "| stage | plain ms | speculative ms |", "|---|---|---|"]
     for name in ("vision", "prefill"):
         lines.append(f"| {name} | {st[name]:.1f} | {st[name]:.1f} |")
-    lines.append(f"| one draft step / verify 1 / verify {k + 1} | - / {st['verify_1']:.2f} / - | "
+    lines.append(f"| draft per proposal / verify 1 / verify {k + 1} | - / {st['verify_1']:.2f} / - | "
                  f"{st['draft_step']:.2f} / - / {st[f'verify_{k + 1}']:.2f} |")
     lines.append(f"| reasoning | {r['plain']['reasoning_ms']:.1f} | {r['speculative']['reasoning_ms']:.1f} |")
     lines.append(f"| trajectory | {st['trajectory']:.1f} | {st['trajectory']:.1f} |")

@@ -1,10 +1,19 @@
 """Parameter counts and KV-cache bytes of a ModelConfig, from shapes alone (nothing allocated),
-and the measured cost ratio c = (draft step time) / (target step time).
+and the measured cost ratio c of one draft proposal to one target step.
 
     param_counts(cfg) -> {"vision", "llm", "target", "draft", "expert", "expert_decoder", "total"}
     kv_cache_bytes(cfg, batch, max_len, bytes_per_value=2) -> {"target", "draft"}
-    step_cost_ratio(cfg, cached=400, runs=200, draft_vocabs=(0,), target_layers=0)
-        -> dict with c and the median step times (per draft head size: by_vocab)
+    step_cost_ratio(cfg, cached=400, runs=200, draft_vocabs=(0,), target_layers=0, k=8)
+        -> dict with c, c_feed, c_chain and the median step times (per draft head size: by_vocab)
+
+c, as the speedup tau / (1 + k c) uses it, is the draft's cost per proposal. One draft call
+`draft(tokens, start, k)` is one feed step (the target's features, 3D wide, through the draft's
+fc fusion, then its layers and head) and k - 1 chain steps (the draft's own hidden, D wide: no
+fc). So c_feed = feed step / target step, c_chain = chain step / target step and
+c = c_k = (c_feed + (k - 1) c_chain) / k. A standalone draft (features "none") has no fusion:
+its feed and chain steps are the same call, timed once, c_feed == c_chain == c. The feed is
+timed over one row (the loop feeds the accepted tokens and the bonus, ~tau rows: at batch 1 a
+memory-bound step costs about the same).
 
 Each count mirrors one module's constructor (vision.py, layers.py, target.py, draft.py,
 action_expert.py); tests/test_sizes.py holds them equal to sum(p.numel()) of allocated models.
@@ -102,9 +111,11 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, max_len: int, bytes_per_value: 
 
 @torch.inference_mode()
 def step_cost_ratio(cfg: ModelConfig, cached: int = 400, runs: int = 200, warmup: int = 20,
-                    seed: int = 0, draft_vocabs=(0,), target_layers: int = 0) -> dict:
+                    seed: int = 0, draft_vocabs=(0,), target_layers: int = 0, k: int = 8) -> dict:
     """Median wall time of one decode step (batch 1, one new token after `cached` rows) of the
-    draft and of the target, on CPU in float32, and c = draft / target. Cache contents are
+    target and of the draft's feed and chain steps (`draft_steps`), on CPU in float32, and
+    c_feed, c_chain and c = (c_feed + (k - 1) c_chain) / k against the target step (module
+    docstring); draft_s = c x target_s, the mean draft time per proposal. Cache contents are
     random: the step's cost does not depend on them.
 
     draft_vocabs: the draft head sizes to time (0 = the target's shared head; N = a reduced head
@@ -117,6 +128,8 @@ def step_cost_ratio(cfg: ModelConfig, cached: int = 400, runs: int = 200, warmup
     from models.target import Target
 
     L = cfg.target.llm.layers
+    if k < 1:
+        raise ConfigError(f"k={k}: the draft length per call, an int >= 1")
     if target_layers and not 1 <= target_layers < L:
         raise ConfigError(f"target_layers={target_layers}: 0 (the whole target) or 1..{L - 1}")
     built = _truncated(cfg, target_layers) if target_layers else cfg
@@ -132,20 +145,41 @@ def step_cost_ratio(cfg: ModelConfig, cached: int = 400, runs: int = 200, warmup
     drafts = _drafts(built, target, draft_vocabs)
     dcache = torch.randn_like(drafts[0].new_cache(1, cached + 1))
     dcos, dsin = drafts[0].rope(torch.full((1, 1), cached))
-    n_feats = len(cfg.draft.feature_layers) if cfg.draft.features == "fused" else 0
-    feats = torch.randn(1, 1, n_feats * cfg.target.llm.hidden) if n_feats else None
-    steps += [(lambda d=d: d(ids, dcos, dsin, dcache, cached, feats)) for d in drafts]
+    pairs = [draft_steps(d, ids, dcos, dsin, dcache, cached) for d in drafts]
+    for feed, chain in pairs:
+        steps += [feed] if chain is feed else [feed, chain]
     times = _median_times(steps, runs, warmup)
     target_s, how = times[0], "the whole target"
     if target_layers:
         head_s = times[1]
         target_s = head_s + L * (times[0] - head_s) / target_layers
         how = f"{target_layers} of {L} layers built: head {head_s:.4f} s + {L} x (step - head) / {target_layers}"
-    draft_s = times[-len(drafts):]
-    per = [{"draft_vocab": n or cfg.target.llm.vocab_size, "c": t / target_s, "draft_s": t}
-           for n, t in zip(draft_vocabs, draft_s)]
-    return {**per[0], "target_s": target_s, "target_s_how": how, "cached": cached, "runs": runs,
-            "threads": torch.get_num_threads(), **({"by_vocab": per} if len(per) > 1 else {})}
+    per, i = [], 2 if target_layers else 1
+    for n, (feed, chain) in zip(draft_vocabs, pairs):
+        feed_s = times[i]
+        chain_s = feed_s if chain is feed else times[i + 1]
+        i += 1 if chain is feed else 2
+        draft_s = (feed_s + (k - 1) * chain_s) / k
+        per.append({"draft_vocab": n or cfg.target.llm.vocab_size, "c": draft_s / target_s,
+                    "c_feed": feed_s / target_s, "c_chain": chain_s / target_s,
+                    "draft_s": draft_s, "feed_s": feed_s, "chain_s": chain_s})
+    return {**per[0], "k": k, "target_s": target_s, "target_s_how": how, "cached": cached,
+            "runs": runs, "feed_rows": 1, "threads": torch.get_num_threads(),
+            **({"by_vocab": per} if len(per) > 1 else {})}
+
+
+def draft_steps(draft, ids, cos, sin, cache, start: int):
+    """(feed, chain): the two draft steps of one draft call over one row. feed gives the draft
+    the target's features (fused: (1, 1, 3D), through fc), chain its own hidden ((1, 1, D), no
+    fc). A standalone draft (features "none") reads no features: chain is feed (the same call)."""
+    if draft.cfg.features != "fused":
+        feed = lambda: draft(ids, cos, sin, cache, start, None)     # noqa: E731
+        return feed, feed
+    D = draft.llm.hidden
+    target_feats = torch.randn(1, 1, len(draft.cfg.feature_layers) * D)
+    own_hidden = torch.randn(1, 1, D)
+    return (lambda: draft(ids, cos, sin, cache, start, target_feats),
+            lambda: draft(ids, cos, sin, cache, start, own_hidden))
 
 
 def _truncated(cfg: ModelConfig, layers: int) -> ModelConfig:

@@ -93,7 +93,7 @@ def test_validation_rows_are_measured_over_projected():
                        "verify": {"5": 1.0}, "action": 3.0}}
     rows = {r["stage"]: r for r in validate(cfg, dev, w, stats)}
     assert rows["vision"]["ratio"] == pytest.approx(2.0)
-    assert "draft step (1 token)" not in rows and "verify width 5" in rows
+    assert "draft per proposal (call / k)" not in rows and "verify width 5" in rows
 
 
 def test_the_draft_head_bytes_and_flops_scale_with_the_draft_vocabulary():
@@ -107,3 +107,26 @@ def test_the_draft_head_bytes_and_flops_scale_with_the_draft_vocabulary():
     assert head[0].flops == 2 * D * V and head[4096].flops == 2 * D * 4096
     assert head[32768].bytes == pytest.approx(head[0].bytes * 32768 / V, rel=0.01)
     assert steps[0].ms(DEV, "fp16") > steps[32768].ms(DEV, "fp16") > steps[4096].ms(DEV, "fp16")
+
+
+def test_the_draft_is_fused_once_per_draft_call_not_once_per_proposal():
+    """A draft call = one feed step (fc 3D -> D over the target's features) + k - 1 chain steps
+    (the draft's own hidden: no fc); the speculative reasoning prices k x draft_step = that call."""
+    cfg = load_preset("edge-2b")
+    w = Workload(prompt_len=600, reasoning_tokens=40, k=8, tau=5.0, precision="fp16")
+    costs = stage_costs(cfg, w, "engine")
+    names = {call: [o.name for o in costs[call].ops] for call in ("draft_feed", "draft_chain", "draft_step")}
+    assert names["draft_feed"].count("fuse") == 1 and "fuse" not in names["draft_chain"]
+    assert "in_proj" in names["draft_chain"]                      # in_proj([embed, hidden]) still runs
+    D = cfg.target.llm.hidden
+    fuse = sum(o.flops for o in costs["draft_step"].ops if o.name == "fuse")
+    assert fuse * w.k == pytest.approx(2 * 3 * D * D)             # one fc per call of k proposals
+    feed, chain, step = (costs[c].ms(DEV, "fp16") for c in ("draft_feed", "draft_chain", "draft_step"))
+    assert feed > chain and step == pytest.approx((feed + 7 * chain) / 8)
+    out = project(cfg, DEV, w)
+    assert out["stages_ms"]["draft_step"] == pytest.approx(step)
+    steps = -(-40 // 5)
+    assert out["speculative"]["reasoning_ms"] == pytest.approx(steps * (feed + 7 * chain + out["stages_ms"]["verify_9"]))
+    alone = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, features="none"))
+    c = stage_costs(alone, w, "engine")
+    assert c["draft_feed"].ms(DEV, "fp16") == pytest.approx(c["draft_chain"].ms(DEV, "fp16"))

@@ -9,7 +9,7 @@ import torch
 from models.action_expert import ActionExpert
 from models.config import ExpertConfig, LLMConfig, ModelConfig, TargetConfig, VisionConfig, load_preset
 from models.draft import Draft
-from models.sizes import kv_cache_bytes, param_counts, step_cost_ratio
+from models.sizes import draft_steps, kv_cache_bytes, param_counts, step_cost_ratio
 from models.target import Target
 from prompt.config import ConfigError
 
@@ -87,3 +87,54 @@ def test_a_reduced_draft_head_is_counted_and_timed_per_vocabulary():
         step_cost_ratio(cfg, runs=1, warmup=0, target_layers=12)
     with pytest.raises(ConfigError, match="draft vocab"):
         step_cost_ratio(cfg, runs=1, warmup=0, draft_vocabs=(10 ** 6,))
+
+
+def _fc_calls(draft, step) -> int:
+    calls = []
+    handle = draft.fc.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        step()
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+def test_the_feed_step_runs_the_fusion_and_the_chain_step_does_not():
+    """One draft call = a feed step on the target's features (fc 3D -> D) + k - 1 chain steps on
+    the draft's own hidden (no fc): draft_steps gives both, the way the backends' loops call them."""
+    cfg = load_preset("tiny")
+    target = Target(cfg.target).eval()
+    draft = Draft(cfg, target.embed_tokens, target.lm_head).eval()
+    cache = draft.new_cache(1, 9)
+    cos, sin = draft.rope(torch.full((1, 1), 8))
+    feed, chain = draft_steps(draft, torch.tensor([[1]]), cos, sin, cache, 8)
+    with torch.inference_mode():
+        assert chain is not feed
+        assert _fc_calls(draft, feed) == 1 and _fc_calls(draft, chain) == 0
+        assert feed()[0].shape == chain()[0].shape == (1, 1, cfg.target.llm.vocab_size)
+    alone = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, features="none"))
+    standalone = Draft(alone, target.embed_tokens, target.lm_head).eval()
+    feed, chain = draft_steps(standalone, torch.tensor([[1]]), cos, sin, standalone.new_cache(1, 9), 8)
+    assert chain is feed and not hasattr(standalone, "fc")
+
+
+def test_c_is_the_per_proposal_cost_of_one_feed_and_k_minus_1_chain_steps():
+    cfg = load_preset("tiny")
+    out = step_cost_ratio(cfg, cached=16, runs=3, warmup=1, draft_vocabs=(0, 64), k=5)
+    assert out["k"] == 5 and out["feed_rows"] == 1
+    for r in out["by_vocab"]:
+        assert r["c"] == pytest.approx((r["c_feed"] + 4 * r["c_chain"]) / 5)
+        assert r["draft_s"] == pytest.approx((r["feed_s"] + 4 * r["chain_s"]) / 5)
+        assert r["c_feed"] == pytest.approx(r["feed_s"] / out["target_s"])
+    alone = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, features="none"))
+    r = step_cost_ratio(alone, cached=16, runs=3, warmup=1, k=5)
+    assert r["c_feed"] == r["c_chain"] == pytest.approx(r["c"])     # one call, timed once
+    with pytest.raises(ConfigError, match="k=0"):
+        step_cost_ratio(cfg, runs=1, warmup=0, k=0)
+
+
+def test_measure_c_refuses_a_draft_length_below_one():
+    from tools import measure_c
+    with pytest.raises(SystemExit) as e:
+        measure_c.main(["--k", "0"])
+    assert e.value.code == 2

@@ -1,10 +1,13 @@
-"""Measure c = (draft decode step time) / (target decode step time) for a model preset.
+"""Measure c = (draft time per proposal) / (target decode step time) for a model preset.
 
-    python -m tools.measure_c --preset tiny --cached 400 --runs 500 [--threads 1]
+    python -m tools.measure_c --preset tiny --cached 400 --runs 500 [--threads 1] [--k 8]
                               [--draft-vocab N[,N...]] [--target-layers M]
 
 CPU, float32, batch 1, one new token after `cached` cache rows, median of `runs` timed steps
-(models.sizes.step_cost_ratio), random weights. --draft-vocab: the draft's LM head rows (0 or
+(models.sizes.step_cost_ratio), random weights. Each row: c_feed (the draft's feed step, the
+target's features through its fc fusion, one row), c_chain (a chained step on the draft's own
+hidden, no fc) and c = (c_feed + (k - 1) c_chain) / k, one draft call of k proposals per verify
+(k: the planner's k_max by default); a standalone draft has c_feed == c_chain. --draft-vocab: the draft's LM head rows (0 or
 "full" = the target's head; N = a reduced head whose logits are scattered to the target's
 vocabulary), several in one run share the target and the draft's layers. --target-layers M builds
 only M target layers and extrapolates the whole target's step from them (a preset whose fp32
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=count(0), default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--draft-vocab", type=vocab_list, default=(0,),
                         help="draft head rows, comma-separated: full (the target's head) or N")
+    parser.add_argument("--k", type=count(1), default=8,
+                        help="proposals per draft call in c = (c_feed + (k-1) c_chain) / k")
     parser.add_argument("--target-layers", type=count(0), default=0,
                         help="build only this many target layers and extrapolate (0 = all)")
     args = parser.parse_args(argv)
@@ -53,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)  # this process only
     try:
         out = step_cost_ratio(load_preset(args.preset), cached=args.cached, runs=args.runs,
-                              draft_vocabs=args.draft_vocab, target_layers=args.target_layers)
+                              draft_vocabs=args.draft_vocab, target_layers=args.target_layers,
+                              k=args.k)
     except ConfigError as e:
         parser.exit(2, f"measure_c: {e}\n")
     for row in out.pop("by_vocab", [out]):

@@ -11,6 +11,7 @@ Every stage shares `RunConfig` (steps, batch, optimiser, checkpoint cadence, thr
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
@@ -18,6 +19,15 @@ from prompt.config import ConfigError, check_choice, check_range, load_yaml
 STAGES = ("vision", "sft", "distill", "aarl")
 DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone")   # what `train distill` makes
 DRAFTS = DISTILLED + ("flat-aarl",)
+
+
+def ship_vocab(name: str) -> int | None:
+    """The reduced head's N of a draft name to ship: 0 for a DRAFTS name, N for a distilled
+    variant with a reduced head ("flat-v256" -> 256, train/ckpt.variant_name); None if unknown."""
+    if name in DRAFTS:
+        return 0
+    m = re.fullmatch(r"(.+)-v([1-9][0-9]*)", name)
+    return int(m.group(2)) if m and m.group(1) in DISTILLED else None
 
 
 @dataclass
@@ -172,13 +182,15 @@ class ShipConfig:
         "flat": "runs/distill-tiny/flat-s0/ckpt/draft-flat",
         "mrope": "runs/distill-tiny/mrope-s0/ckpt/draft-mrope",
         "flat-standalone": "runs/distill-tiny/flat-standalone-s0/ckpt/draft-flat-standalone",
-        "flat-aarl": "runs/aarl-tiny/ckpt/draft-flat-aarl"})
+        "flat-aarl": "runs/aarl-tiny/ckpt/draft-flat-aarl",
+        "flat-v256": "runs/distill-tiny/flat-v256-s0/ckpt/draft-flat-v256"})
     out: str = "checkpoints/tiny"
 
     def __post_init__(self):
-        bad = sorted(set(self.drafts) - set(DRAFTS))
+        bad = sorted(v for v in self.drafts if ship_vocab(str(v)) is None)
         if bad:
-            raise ConfigError(f"drafts: unknown variant(s) {bad}; allowed {sorted(DRAFTS)}")
+            raise ConfigError(f"drafts: unknown variant(s) {bad}; allowed {sorted(DRAFTS)}, or one of "
+                              f"{list(DISTILLED)} with a reduced head of N >= 1 rows as '<variant>-v<N>'")
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
     OUT/tokenizer.json, OUT/target, OUT/expert      from the SFT checkpoint folder
     OUT/draft-<variant>                               from each distillation / AARL checkpoint
+                                                      (<variant>-v<N>: a reduced head of N rows,
+                                                      its meta.json's draft_vocab must be N)
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 from models import io
 from prompt.config import ConfigError
-from train.config import ShipConfig
+from train.config import ShipConfig, ship_vocab
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -36,5 +38,9 @@ def run(cfg: ShipConfig) -> str:
         meta = io.read_meta(src)
         if meta.get("variant") != variant:
             raise ConfigError(f"{src}: meta.json variant is {meta.get('variant')!r}, not {variant!r}")
+        vocab, head = ship_vocab(variant), meta.get("config", {}).get("draft", {}).get("vocab", 0)
+        if meta.get("draft_vocab", 0) != vocab or head != vocab:
+            raise ConfigError(f"{src}: a draft head of draft_vocab={meta.get('draft_vocab', 0)} / "
+                              f"config draft.vocab={head} rows, but {variant!r} needs {vocab or 'the target'}'s")
         _copy(src, out / f"draft-{variant}")
     return str(out)

@@ -1,0 +1,50 @@
+"""`specdrive train ship` with reduced-head draft variants ("<variant>-v<N>"): shipped from the
+checked-in planner's folders into a temporary one, and the names and heads it refuses."""
+import json
+import shutil
+
+import pytest
+import yaml
+
+from models import io
+from prompt.config import ConfigError
+from train import config, ship
+from train.config import ShipConfig, ship_vocab
+
+TINY = "checkpoints/tiny"
+
+
+def _cfg(tmp_path, body: dict) -> ShipConfig:
+    path = tmp_path / f"ship-{len(list(tmp_path.glob('*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return config.load("ship", path)
+
+
+def test_draft_names_with_a_reduced_head():
+    assert ship_vocab("flat") == 0 and ship_vocab("flat-aarl") == 0
+    assert ship_vocab("flat-v256") == 256 and ship_vocab("mrope-standalone-v8") == 8
+    for bad in ("flat-v0", "flat-v", "flat-v08", "flat-vx", "flat-aarl-v256", "wide-v256", "flat-v256-v8"):
+        assert ship_vocab(bad) is None, bad
+    with pytest.raises(ConfigError, match="flat-v0.*<variant>-v<N>"):
+        ShipConfig(drafts={"flat-v0": "x"})
+    assert "flat-v256" in ShipConfig().drafts                  # the default ships the reduced head too
+
+
+def test_ship_copies_a_reduced_head_draft_and_refuses_a_mislabelled_one(tmp_path):
+    out = tmp_path / "shipped"
+    shipped = ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(out), "drafts": {
+        "flat": f"{TINY}/draft-flat", "flat-v256": f"{TINY}/draft-flat-v256"}}))
+    _, cfg, meta = io.load(f"{shipped}/draft-flat-v256")
+    assert cfg.draft.vocab == 256 and meta["draft_vocab"] == 256 and meta["variant"] == "flat-v256"
+    assert sorted(p.name for p in out.iterdir()) == ["draft-flat", "draft-flat-v256", "expert", "target",
+                                                     "tokenizer.json"]
+    # a full-head draft under a -v<N> name, and a reduced head whose meta.json claims another N
+    with pytest.raises(ConfigError, match="variant"):
+        ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(tmp_path / "bad"),
+                                 "drafts": {"flat-v256": f"{TINY}/draft-flat"}}))
+    forged = tmp_path / "draft-flat-v128"
+    shutil.copytree(f"{TINY}/draft-flat-v256", forged)
+    meta = json.loads((forged / "meta.json").read_text())
+    (forged / "meta.json").write_text(json.dumps({**meta, "variant": "flat-v128"}))
+    with pytest.raises(ConfigError, match="needs 128"):
+        ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(tmp_path / "bad2"), "drafts": {"flat-v128": str(forged)}}))
