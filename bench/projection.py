@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from models.config import LLMConfig, ModelConfig
 from models.sizes import param_counts
 from prompt.config import ConfigError, check_choice, check_range
-from prompt.graphs import SHAPES
+from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, SHAPES
 
 # precision -> (bytes per weight, which peak does the arithmetic). int4 is weight-only (AWQ):
 # the matmuls run in fp16 on dequantized weights; fp4 is NVFP4 (Blackwell tensor cores).
@@ -288,7 +288,7 @@ def stage_costs(cfg: ModelConfig, w: Workload, impl: str) -> dict:
     step.extend(feed, 1 / k)                            # one feed + (k - 1) chain steps per call
     step.extend(chain, (k - 1) / k)
     return {"prompt_len": T, "vision": s.vision(enc, w.image_hw), "prefill": prefill,
-            "draft_feed": feed, "draft_chain": chain, "draft_step": step,
+            DRAFT_FEED: feed, DRAFT_CHAIN: chain, "draft_step": step,
             "verify": {width: s.target(width, ctx, w.max_len, width) for width in {1, w.k + 1}},
             "trajectory": traj}
 
@@ -297,7 +297,7 @@ def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:
     """Per-stage ms for plain and speculative decoding, and whether the cycle fits the budget."""
     costs = stage_costs(cfg, w, dev.impl)
     ms = {name: costs[name].ms(dev, w.precision)
-          for name in ("vision", "prefill", "draft_feed", "draft_chain", "draft_step", "trajectory")}
+          for name in ("vision", "prefill", DRAFT_FEED, DRAFT_CHAIN, "draft_step", "trajectory")}
     verify = {width: c.ms(dev, w.precision) for width, c in costs["verify"].items()}
     N = w.reasoning_tokens
     steps = math.ceil(N / w.tau) if w.k else N
