@@ -11,7 +11,10 @@ decoding without reuse), prefill, reasoning and trajectory p50, tau, tokens prop
 accepted by lookup and by the draft model, frames reused, cycles whose reasoning equals plain
 decoding's (every cycle is checked) and the largest trajectory difference, and the cycle
 speedup over plain decoding without reuse (p50 over p50, same run). The budget is off so every
-mode decodes the same text.
+mode decodes the same text. Per speculative mode also alpha on routine and on commitment tokens
+(bench/accept_map.py: accepted / judged proposals, the first rejection of a step included; the
+routine clauses of each cycle's own reasoning by the language's grammar), the runtime's
+acceptance on the drive's cycles.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from tqdm import tqdm
 from prompt.config import ConfigError, check_range
 from runtime.config import PlannerConfig, ReuseConfig
 from runtime.planner import Planner
+from bench import accept_map
 from bench.stats import latency
 
 SCHEMA = "specdrive-bench-drives/1"
@@ -122,7 +126,7 @@ def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: li
             for m in modes:
                 m.steps.clear()
                 res = _timed(planners[m.name], c, f"drive{di}/{ci}")
-                log[m.name].append(_cycle_row(di, ci, res, m.steps))
+                log[m.name].append(_cycle_row(di, ci, res, m.steps, tok))
                 bar.update()
     bar.close()
     return summarize(modes, log, cfg)
@@ -137,7 +141,20 @@ def _timed(planner: Planner, cycle, name: str):
         gc.enable()
 
 
-def _cycle_row(drive: int, cycle: int, res, steps) -> dict:
+def _judged(res, steps, tok) -> dict:
+    """{class: [accepted, judged]} proposals of one cycle's reasoning (routine / commitment)."""
+    if res.error is not None or not any(s.k for s in steps):
+        return {c: [0, 0] for c in accept_map.CLASSES}
+    gen = list(res.reasoning_ids) + [tok.cot_end]
+    rec = accept_map.cycle_record(steps, gen, accept_map.routine_tokens(tok, res.reasoning),
+                                  forced_end=res.stop_reason != "stop")
+    accepted = {c: 0 for c in accept_map.CLASSES}
+    for lab, cls in zip(rec["labels"], rec["classes"]):
+        accepted[cls] += lab == "draft"
+    return {c: [accepted[c], rec["judged"][c]] for c in accept_map.CLASSES}
+
+
+def _cycle_row(drive: int, cycle: int, res, steps, tok) -> dict:
     st, d = res.timing.get("stages_ms", {}), res.decode
     model = [s for s in steps if s.source == "model"]
     return {"drive": drive, "cycle": cycle, "total_ms": res.timing.get("total_ms", 0.0),
@@ -146,6 +163,7 @@ def _cycle_row(drive: int, cycle: int, res, steps) -> dict:
             "lookup_proposed": d.get("looked_up", 0), "lookup_accepted": d.get("looked_up_accepted", 0),
             "model_proposed": sum(s.k for s in model), "model_accepted": sum(s.accepted for s in model),
             "reused": res.reuse.get("vision", {}).get("reused", 0), "error": res.error,
+            "judged": _judged(res, steps, tok),
             "flags": list(res.flags), "reasoning_ids": [int(i) for i in res.reasoning_ids],
             "trajectory": None if res.trajectory is None else np.asarray(res.trajectory, float)}
 
@@ -175,7 +193,11 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) 
              if r["trajectory"] is not None and q["trajectory"] is not None]
     tot = {k: sum(r[k] for r in rows) for k in ("lookup_proposed", "lookup_accepted", "model_proposed",
                                                  "model_accepted", "reused")}
-    return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis,
+    alpha = {}
+    for c in accept_map.CLASSES:
+        acc, judged = (sum(r["judged"][c][i] for r in rows) for i in (0, 1))
+        alpha[f"alpha_{c}"] = round(acc / judged, 4) if judged else None
+    return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis, **alpha,
             **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]
                for k in ("prefill", "reasoning", "trajectory")},
             "vision_cut": round(1.0 - vis["p50"] / vision0, 4) if vision0 else None,
@@ -189,14 +211,16 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) 
 
 def table(record: dict) -> str:
     head = (f"{'mode':20s} {'p50 ms':>8s} {'p99 ms':>8s} {'speedup':>7s} {'vision':>7s} {'cut':>6s} {'tau':>6s} "
-            f"{'lookup':>11s} {'model':>11s} {'same':>9s}")
+            f"{'lookup':>11s} {'model':>11s} {'same':>9s} {'alpha r/c':>11s}")
     lines = [head]
     for m in record["modes"]:
         lines.append(f"{m['name']:20s} {m['cycle_ms']['p50']:8.1f} {m['cycle_ms']['p99']:8.1f} "
                      f"{m['cycle_speedup_p50']:6.2f}x {m['vision_ms']['p50']:7.2f} {m['vision_cut']:6.1%} "
                      f"{m['tau']:6.2f} {m['lookup_accepted']:>5d}/{m['lookup_proposed']:<5d} "
                      f"{m['model_accepted']:>5d}/{m['model_proposed']:<5d} "
-                     f"{m['identical']['equal']:>4d}/{m['identical']['cycles']:<4d}")
+                     f"{m['identical']['equal']:>4d}/{m['identical']['cycles']:<4d} "
+                     + (f"{m['alpha_routine']:5.1%}/{m['alpha_commitment']:5.1%}"
+                        if m['alpha_routine'] is not None and m['alpha_commitment'] is not None else f"{'-':>11s}"))
     g = record["goal"]
     lines.append(f"goal (>= {g['speedup_goal']}x cycle p50, vision cut >= {g['vision_cut_goal']:.0%}, same text every "
                  f"cycle, lookup raises tau): speedup {g['speedup']}x, vision cut {g['vision_cut']:.1%}, identical "

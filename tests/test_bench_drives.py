@@ -44,6 +44,12 @@ def test_bench_drives_runs_every_mode_and_checks_every_cycle(preset, drives, tmp
     assert by["spec+vision"]["frames_reused_per_cycle"] == pytest.approx(4 * (CYCLES - 5) / CYCLES, abs=1e-3)
     assert by["spec"]["frames_reused_per_cycle"] == 0 and by["spec"]["lookup_proposed"] == 0
     assert by["plain"]["model_proposed"] == 0 and by["spec"]["model_proposed"] > 0
+    # alpha per token class: plain judges nothing; the self draft (the target itself) is always accepted
+    assert by["plain"]["alpha_routine"] is None and by["plain"]["alpha_commitment"] is None
+    judged = {c: sum(r["judged"][c][1] for r in rec["cycles"] if r["mode"] == "spec") for c in ("routine", "commitment")}
+    assert sum(judged.values()) > 0
+    for c, n in judged.items():
+        assert by["spec"][f"alpha_{c}"] == (1.0 if n else None), (c, n, by["spec"])
     assert set(rec["goal"]) >= {"speedup", "vision_cut", "identical_every_cycle", "tau_lookup_over_model", "met"}
     assert len(rec["cycles"]) == 5 * CYCLES
     assert out.with_suffix(".md").is_file()
