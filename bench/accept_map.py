@@ -83,6 +83,21 @@ def cycle_record(steps, generated, n_routine: int, forced_end: bool) -> dict:
     return {"labels": labels, "owner": owner, "classes": classes, "judged": judged}
 
 
+def result_record(res, steps, tok) -> dict:
+    """cycle_record of one planner result (runtime.cycle.CycleResult): its reasoning ids and the
+    closing <|cot_end|>, the routine clauses found in its own text."""
+    gen = list(res.reasoning_ids) + [tok.cot_end]
+    return cycle_record(steps, gen, routine_tokens(tok, res.reasoning), forced_end=res.stop_reason != "stop")
+
+
+def class_acceptance(record: dict) -> dict:
+    """{class: [accepted, judged]} proposals of one cycle record."""
+    accepted = {c: 0 for c in CLASSES}
+    for lab, cls in zip(record["labels"], record["classes"]):
+        accepted[cls] += lab == "draft"
+    return {c: [accepted[c], record["judged"][c]] for c in CLASSES}
+
+
 def split_stats(records) -> dict:
     """tau, acceptance rate and draft share per class over cycle records (module docstring).
     A step's tokens may span both classes: each token carries 1/e of its step (e = the step's

@@ -145,13 +145,7 @@ def _judged(res, steps, tok) -> dict:
     """{class: [accepted, judged]} proposals of one cycle's reasoning (routine / commitment)."""
     if res.error is not None or not any(s.k for s in steps):
         return {c: [0, 0] for c in accept_map.CLASSES}
-    gen = list(res.reasoning_ids) + [tok.cot_end]
-    rec = accept_map.cycle_record(steps, gen, accept_map.routine_tokens(tok, res.reasoning),
-                                  forced_end=res.stop_reason != "stop")
-    accepted = {c: 0 for c in accept_map.CLASSES}
-    for lab, cls in zip(rec["labels"], rec["classes"]):
-        accepted[cls] += lab == "draft"
-    return {c: [accepted[c], rec["judged"][c]] for c in accept_map.CLASSES}
+    return accept_map.class_acceptance(accept_map.result_record(res, steps, tok))
 
 
 def _cycle_row(drive: int, cycle: int, res, steps, tok) -> dict:

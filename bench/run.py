@@ -259,10 +259,8 @@ def _records(mine: list[Cycle], scenes, tok) -> list[dict]:
         if c.res.error is not None:        # no reasoning to explain (counted as an error)
             out.append(None)
             continue
-        gen = list(c.res.reasoning_ids) + [tok.cot_end]
-        words = [piece(tok, i) for i in gen]
-        rec = accept_map.cycle_record(c.steps, gen, accept_map.routine_tokens(tok, c.res.reasoning),
-                                      forced_end=c.res.stop_reason != "stop")
+        words = [piece(tok, i) for i in list(c.res.reasoning_ids) + [tok.cot_end]]
+        rec = accept_map.result_record(c.res, c.steps, tok)
         out.append({**rec, "scene": c.scene, "repeat": c.repeat, "words": words})
     return out
 

@@ -49,8 +49,7 @@ from models.draft import Draft
 from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
 from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS, PREFILL,
-                           SHAPES, STEP, VISION, VISION_FRAME)
-from prompt.graphs import graph_io as declared_io
+                           SHAPES, STEP, VISION, VISION_FRAME, graph_io as declared_io)
 from prompt.meta import stamp_facts
 from prompt.pixels import images_to_patches
 

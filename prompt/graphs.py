@@ -67,7 +67,7 @@ def graph_io(name: str, features: str) -> GraphIO:
     """Graph `name`'s input and output names for a draft with `features` (a fused draft's
     graphs take `feats`)."""
     io = IO[name]
-    if features == "fused" and name in (DRAFT_PREFILL, DRAFT_FEED, DRAFT_CHAIN):
+    if features == "fused" and name in DRAFT_GRAPHS:
         return GraphIO((*io.inputs, FEATS), io.outputs)
     return io
 

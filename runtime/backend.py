@@ -271,8 +271,6 @@ def mask_rows(first: int, index0: int, n: int, period: int) -> np.ndarray:
     return (index0 + np.arange(n) - first) % period
 
 
-
-
 def expert_noise(seed: int, samples: int, n_waypoints: int, action_dim: int) -> np.ndarray:
     """(samples, W, A) float32: the action expert's starting noise of a cycle, drawn on the host
     from its seed by numpy, the same for every backend (torch, onnxruntime, tensorrt), so the

@@ -15,10 +15,10 @@ import numpy as np
 
 from prompt.config import ConfigError
 from prompt.draft_vocab import check_d2t, d2t_sha256
-from prompt.pixels import images_to_patches
-from prompt.positions import rope_tables
 from prompt.graphs import (DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, OPTIONAL, VISION,
                            VISION_FRAME, graph_io, required_graphs)
+from prompt.pixels import images_to_patches
+from prompt.positions import rope_tables
 from runtime.backend import Backend, expert_noise
 
 FORMAT_VERSION = 1       # export/onnx.py's FORMAT_VERSION and OPSET: what this runtime reads

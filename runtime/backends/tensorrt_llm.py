@@ -112,11 +112,11 @@ class TrtLlmBackend(Backend):
         return out[:1].astype(np.int64)
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
-        if len(periodic_mask(allowed, self.vocab_size)) > 1:
+        allowed = periodic_mask(allowed, self.vocab_size)     # checked before anything is kept
+        if len(allowed) > 1:
             raise ConfigError("--backend tensorrt-llm: a periodic vocabulary mask (trajectory tokens decoded "
                               "by the LLM) cannot be given as bad words; use trajectory: expert")
         super().set_mask(allowed, first)
-        allowed = self.allowed
         self.bad_words = [[int(t)] for t in np.flatnonzero(~allowed[0])]
         # a reduced draft head (zero lm_head rows off the head, engines/trtllm.py): banned for the draft
         d2t = getattr(getattr(self, "engines", None), "d2t", None)
@@ -203,7 +203,6 @@ class TrtLlmBackend(Backend):
         table = np.concatenate([cos, sin], -1).reshape(1, -1).astype(np.float32)
         return self.MropeParams(mrope_rotary_cos_sin=self.torch.from_numpy(table),
                                 mrope_position_deltas=self.torch.tensor([[int(inputs.rope_delta)]]))
-
 
 
 def engine_dirs(folder: Path, manifest: dict) -> dict:
