@@ -60,6 +60,7 @@ train: $(STAMP)
 	$(PY) -m tools.cli train sft --config configs/train/sft.yaml
 	$(PY) -m tools.cli train distill --config configs/train/distill.yaml
 	$(PY) -m tools.cli train distill --config configs/train/distill-standalone.yaml
+	$(PY) -m tools.cli train distill --config configs/train/distill-vocab.yaml
 	$(PY) -m tools.cli train aarl --config configs/train/aarl.yaml
 	$(PY) -m tools.cli train ship --config configs/train/ship.yaml
 	$(PY) -m tools.cli train eval --config configs/train/eval.yaml

@@ -24,7 +24,12 @@ FRAME_OFFSETS = (5, 0)           # camera frames at t0 - 0.5 s and t0 (steps bef
 
 EGO_LENGTH, EGO_WIDTH, EGO_HEIGHT = 4.6, 1.9, 1.5
 LANE_WIDTH = 3.5
-MIN_VISIBLE_PIXELS = 6           # a named cause covers at least this many id-image pixels at t0
+# Visibility with hysteresis (scenes/drive.py find_cause): a cause is named once it covers
+# MIN_VISIBLE_PIXELS id-image pixels at t, and stays named while it keeps HOLD_VISIBLE_PIXELS
+# (a far agent's pixel count aliases between steps). Below 16 pixels (a pedestrian beyond
+# ~50 m: 2 x 5 pixels in the tele camera) the tiny target could not see it.
+MIN_VISIBLE_PIXELS = 16
+HOLD_VISIBLE_PIXELS = 8
 
 
 @dataclass(frozen=True)

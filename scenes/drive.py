@@ -9,8 +9,11 @@ expert's 6.4 s future from t and the CoC of that instant: the cause is the first
 scenario's candidates that is visible and ahead at t (its facts read at t: a light's colour, a
 lead's brake lights, a pedestrian walking or waiting), or the road's curvature ahead for curves
 and turns, else the clear road; the decision follows from the expert's motion after t and the
-cause. So the commitment changes when an event happens and holds between events, while the
-routine part follows the history every cycle.
+cause, except where that motion hangs on what the frames cannot show: at a red light the
+decision is to stop (or stay stopped) even when the light turns green later in the 6.4 s
+future. So the commitment changes when an event happens and holds between events, while the
+routine part follows the history every cycle. Visibility has hysteresis (MIN_VISIBLE_PIXELS to
+be named, HOLD_VISIBLE_PIXELS to stay named), so a far cause does not flicker from cycle to cycle.
 
 Closed loop: `render_cycle(scen, ego_world, step)` renders a cycle for any ego path (agents keep
 their scripts: non-reactive), with images and history from that path.
@@ -21,12 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scenes.config import DT, FRAME_OFFSETS, HIST_POSES, MIN_VISIBLE_PIXELS, N_STEPS, TIMES
+from scenes.config import (DT, FRAME_OFFSETS, HIST_POSES, HOLD_VISIBLE_PIXELS, MIN_VISIBLE_PIXELS, N_STEPS,
+                           TIMES)
 from scenes.language import make_coc, num
 from scenes.planner import ego_poses, simulate
 from scenes.render import render_frame, visible_pixels
 
 CURVE_LOOKAHEAD = 70.0          # m of path ahead in which a bend is named
+HOLD_STEPS = 20                 # steps (2 s) the visibility hysteresis looks back at most
 GENERIC = {"keep": "keep_speed", "speed": "speed_up", "slow": "slow_down", "stop": "stop", "stopped": "stop",
            "start": "speed_up"}
 OVERRIDES = {   # cause kind -> motion -> decision, over GENERIC
@@ -149,6 +154,27 @@ def _bend(scen, run, step: int):
     return ("left" if k > 0 else "right"), float(path.s[sel][first] - s0)
 
 
+def _visible(scen, run, step: int, boxes, origin, idx: int) -> bool:
+    """Visibility with hysteresis: named at MIN_VISIBLE_PIXELS, kept while HOLD_VISIBLE_PIXELS.
+
+    True when the agent covers MIN_VISIBLE_PIXELS now, or covers HOLD_VISIBLE_PIXELS now and at
+    every step back to one (at most HOLD_STEPS back) where it covered MIN_VISIBLE_PIXELS. The
+    id-image pixel count of a far, thin agent aliases between steps; this keeps its name steady.
+    """
+    now = visible_pixels(origin, boxes, idx)
+    if now >= MIN_VISIBLE_PIXELS:
+        return True
+    if now < HOLD_VISIBLE_PIXELS:
+        return False
+    for back in range(step - 1, max(step - HOLD_STEPS, 0) - 1, -1):
+        px = visible_pixels(run.poses[back], boxes_at(scen.agents, back), idx)
+        if px >= MIN_VISIBLE_PIXELS:
+            return True
+        if px < HOLD_VISIBLE_PIXELS:
+            return False
+    return False
+
+
 def find_cause(scen, run, step: int, boxes, origin, ego_world=None):
     """(kind, facts, agent index or None) of the cycle at `step`."""
     if scen.family in ("curve", "turn"):
@@ -170,7 +196,7 @@ def find_cause(scen, run, step: int, boxes, origin, ego_world=None):
             continue
         if kind == "pedestrian_hidden" and hidden_ped_gone:
             continue
-        if visible_pixels(origin, boxes, idx) < MIN_VISIBLE_PIXELS:
+        if not _visible(scen, run, step, boxes, origin, idx):
             continue
         facts = {"noun": base["noun"] if base.get("noun") in ("car", "van") else "car",
                  "distance": float(local[0])}
@@ -211,6 +237,8 @@ def decide(kind: str, move: str, plan: str, future: np.ndarray, light: str | Non
         return lateral
     if kind == "light" and light == "green" and move == "slow":
         return "slow_down"
+    if kind == "light" and light == "red":
+        return "stop"            # what the frames show; a later green is not in them
     return OVERRIDES.get(kind, {}).get(move, GENERIC[move])
 
 

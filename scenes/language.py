@@ -2,16 +2,22 @@
 
 A CoC is clauses separated by " , ":
 
-    routine clauses    speed first, then trend / heading / distance in a drawn order (some
-                       optional): the content is a function of the ego history only
+    routine clauses    speed first, then trend / heading / distance (some optional): the content
+                       is a function of the ego history only, and so is the habitual wording
     commitment         the cause clause (what the cameras show: which agent, where, how far,
                        what it does), optional detail clauses (time gap or time to collision,
                        the lane, other traffic, brake lights), then "so" + the action clause
                        with an optional hedge
 
-Every clause has at least four paraphrases. The phrasing (which paraphrase, which optional
-clauses, their order) is drawn from a generator per sample, never from the inputs, so at those
-points the target's distribution is spread the way a real VLA's is. Numbers carry one decimal.
+Every clause has at least four paraphrases, and the phrasing (which paraphrase, which optional
+clauses, their order) is drawn from a generator per sample. In the commitment it is drawn
+uniformly, never from the inputs, so at those points the target's distribution is spread the way
+a real VLA's is and a draft must match a near-tie argmax. The routine part is habitual, the way a
+driver's running commentary is: with probability P_HABIT each routine choice takes the habit of
+the history's speed band (a paraphrase per band, the window suffix while accelerating or braking,
+the distance clause above DISTANCE_HABIT m, the fixed clause order), else it is drawn uniformly.
+So what the routine part says, and most of how, is a function of the history the draft reads.
+Numbers carry one decimal.
 
 Templates are word lists with slots: {num} a number ("12.3" or "12"), {noun} a vehicle noun,
 {side} left/right, {light} red/yellow/green. `parse(words)` reads a CoC back into its clauses
@@ -117,7 +123,11 @@ ACTION = {
 }
 HEDGES = ("for now", "to be safe", "as a precaution", "smoothly")
 
-P_WINDOW, P_DISTANCE, P_DETAIL, P_HEDGE = 0.6, 0.5, 0.35, 0.3
+P_DETAIL, P_HEDGE = 0.35, 0.3
+P_HABIT = 0.85                   # a routine choice follows the history's habit with this probability
+SPEED_BAND = 4.0                 # m/s per band of the routine habit
+ACCEL_HABIT = 1.0                # m/s^2: the window suffix is habitual above this |accel|
+DISTANCE_HABIT = 12.0            # m: the distance clause is habitual above this distance
 
 
 def num(x: float, decimals: int = 1) -> str:
@@ -153,32 +163,46 @@ def history_facts(history) -> dict:
             "yaw_rate": float(yaw_rate), "distance": float(speed.sum() * DT)}
 
 
+def speed_band(speed: float) -> int:
+    """The routine habit's band of a speed (0 .. 4)."""
+    return min(int(max(speed, 0.0) // SPEED_BAND), 4)
+
+
 def routine_clauses(history, rng) -> list[list[str]]:
-    """The routine clauses: what they say is a function of the history; how, of rng."""
+    """The routine clauses: what they say is a function of the history; how, of the history's
+    habit (P_HABIT) or else of rng."""
     f = history_facts(history)
-    pick = lambda key: ROUTINE[key][int(rng.integers(len(ROUTINE[key])))]   # noqa: E731
+    band = speed_band(f["max_speed"])
+    habit = lambda: rng.random() < P_HABIT                                  # noqa: E731
+
+    def pick(options):
+        return options[band % len(options)] if habit() else options[int(rng.integers(len(options)))]
+
+    def keep(habitual: bool) -> bool:
+        return habit() == habitual
+
     if f["speed"] < 0.3:
-        first = fill(pick("stopped"), {})
+        first = fill(pick(ROUTINE["stopped"]), {})
     else:
-        first = fill(pick("speed"), {"num": num(f["speed"])})
+        first = fill(pick(ROUTINE["speed"]), {"num": num(f["speed"])})
     if f["max_speed"] < 0.3:
-        trend = fill(pick("still"), {})
+        trend = fill(pick(ROUTINE["still"]), {})
     elif abs(f["accel"]) < 0.4:
-        trend = fill(pick("steady"), {})
+        trend = fill(pick(ROUTINE["steady"]), {})
     else:
         start = f["speed"] - f["accel"] * 15 * DT            # speed 1.5 s ago at the mean accel
-        trend = fill(pick("accel" if f["accel"] > 0 else "decel"), {"num": num(start)})
-    if f["max_speed"] >= 0.3 and rng.random() < P_WINDOW:
-        trend += WINDOW[int(rng.integers(len(WINDOW)))].split()
+        trend = fill(pick(ROUTINE["accel" if f["accel"] > 0 else "decel"]), {"num": num(start)})
+    if f["max_speed"] >= 0.3 and keep(abs(f["accel"]) >= ACCEL_HABIT):
+        trend += pick(WINDOW).split()
     rate = f["yaw_rate"]
     if abs(rate) < 2.0:
-        heading = fill(pick("straight"), {})
+        heading = fill(pick(ROUTINE["straight"]), {})
     else:
-        heading = fill(pick("turning"), {"side": "left" if rate > 0 else "right", "num": num(abs(rate), 0)})
+        heading = fill(pick(ROUTINE["turning"]), {"side": "left" if rate > 0 else "right", "num": num(abs(rate), 0)})
     rest = [trend, heading]
-    if f["distance"] >= 0.3 and rng.random() < P_DISTANCE:
-        rest.append(fill(pick("distance"), {"num": num(f["distance"])}))
-    order = rng.permutation(len(rest))
+    if f["distance"] >= 0.3 and keep(f["distance"] >= DISTANCE_HABIT):
+        rest.append(fill(pick(ROUTINE["distance"]), {"num": num(f["distance"])}))
+    order = np.arange(len(rest)) if habit() else rng.permutation(len(rest))
     return [first] + [rest[i] for i in order]
 
 

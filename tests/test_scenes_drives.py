@@ -149,3 +149,31 @@ def test_each_frame_is_its_own_image_in_the_vision_tower():
             alone, deep_alone = tower(torch.from_numpy(pj), gj)
             assert torch.allclose(alone, all_frames[j * per:(j + 1) * per], atol=1e-5)
             assert all(torch.allclose(a, b[j * per:(j + 1) * per], atol=1e-5) for a, b in zip(deep_alone, deep))
+
+
+def test_a_red_light_is_a_stop_whatever_the_future_holds():
+    """The frames show the colour, not when it changes: a red light's decision is to stop, also
+    in drives where the light turns green inside the expert's 6.4 s future."""
+    reds = turns = 0
+    for i in range(8):
+        d = make_drive(scene_seed(4, "test", i), "traffic_light", "test", DRIVE_SECONDS, render=False)
+        for c in d.cycles:
+            if c.cause_kind == "light" and c.cause_facts.get("light") == "red":
+                reds += 1
+                assert c.decision == "stop", (d.seed, c.cycle, c.coc)
+                turns += int(c.future[-1, 0] - c.future[0, 0] > 5.0)
+    assert reds > 20 and turns > 0, (reds, turns)
+
+
+def test_a_named_cause_does_not_flicker_between_cycles():
+    """Hysteresis: once named, a far agent whose pixel count aliases between steps stays named
+    until it drops below HOLD_VISIBLE_PIXELS; it is never dropped and named again within 1 s."""
+    flickers = named = 0
+    for fam in ("pedestrian", "stop_sign", "traffic_light"):
+        for i in range(3):
+            causes = [c.cause for c in make_drive(scene_seed(3, "test", i), fam, "test", DRIVE_SECONDS,
+                                                  render=False).cycles]
+            named += sum(c is not None for c in causes)
+            flickers += sum(1 for n in range(1, len(causes)) if causes[n - 1] is not None
+                            and causes[n] != causes[n - 1] and causes[n - 1] in causes[n + 1: n + 11])
+    assert named > 300 and flickers == 0, (named, flickers)

@@ -90,6 +90,26 @@ def test_routine_content_is_a_function_of_the_history_and_the_wording_is_drawn(s
     assert len(first) >= 4, f"the speed clause always opens the same way: {first}"
 
 
+def _opening(clause) -> str:
+    return " ".join("#" if L.NUMBER.match(w) else w for w in clause)
+
+
+def test_the_routine_wording_is_habitual_and_the_commitment_wording_is_not(scenes):
+    """Routine: one history's clauses over many draws mostly take its speed band's habit, and
+    the habit differs between bands. Commitment: the cause paraphrase is drawn uniformly."""
+    habits = {}
+    for s in scenes[:60]:
+        draws = [_opening(L.routine_clauses(s.history, np.random.default_rng(k))[0]) for k in range(200)]
+        top = max(set(draws), key=draws.count)
+        share = draws.count(top) / len(draws)
+        assert 0.8 < share < 0.97, f"the opening clause takes its habit in {share:.0%} of draws"
+        habits.setdefault(L.speed_band(L.history_facts(s.history)["max_speed"]), set()).add(top)
+    assert len({t for tops in habits.values() for t in tops}) >= 3, habits
+    causes = [L.cause_clause("follow", {"noun": "car", "distance": 12.0}, np.random.default_rng(k)) for k in range(400)]
+    shares = [sum(c == L.fill(t, {"num": "12.0", "noun": "car"}) for c in causes) / 400 for t in L.CAUSE["follow"]]
+    assert max(shares) < 0.4 and min(shares) > 0.1, shares
+
+
 def test_the_history_does_not_decide_the_commitment(scenes):
     by_motion = defaultdict(set)
     for s in scenes:

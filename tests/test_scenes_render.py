@@ -1,9 +1,11 @@
 """Cameras and id images: causes are visible, id pixels show their agent, geometry is sane."""
+import itertools
+
 import numpy as np
 import pytest
 
 from scenes.agents import COLORS, LIGHT_COLORS, Agent, static
-from scenes.config import CAMERAS, FAMILIES, MIN_VISIBLE_PIXELS, T0_INDEX
+from scenes.config import CAMERAS, FAMILIES, HOLD_VISIBLE_PIXELS, T0_INDEX
 from scenes.families import straight_road
 from scenes.render import FACE_SHADE, IMAGE_H, IMAGE_W, render_frame, visible_pixels
 from scenes.world import make_scene
@@ -37,8 +39,8 @@ def test_every_named_cause_is_visible_at_its_cycle(scenes):
             continue
         named += 1
         pixels = int((s.ids[:, 1] == s.cause).sum())
-        assert pixels >= MIN_VISIBLE_PIXELS, (f"{s.family} seed {s.seed}: cause {s.agents[s.cause]['kind']} "
-                                             f"covers {pixels} pixels at t, fewer than {MIN_VISIBLE_PIXELS}")
+        assert pixels >= HOLD_VISIBLE_PIXELS, (f"{s.family} seed {s.seed}: cause {s.agents[s.cause]['kind']} "
+                                              f"covers {pixels} pixels at t, fewer than {HOLD_VISIBLE_PIXELS}")
     assert named >= len(scenes) // 3, f"only {named} of {len(scenes)} snapshots name an agent as the cause"
 
 
@@ -65,6 +67,29 @@ def test_id_pixels_show_their_agent(scenes):
             assert not wrong, f"seed {s.seed}: pixels of {agent['kind']} #{agent['id']} have colours {sorted(wrong)[:3]}"
             checked += int(mask.sum())
     assert checked > 10000
+
+
+def _shades(rgb) -> np.ndarray:
+    return np.array(rgb, dtype=np.float64)[None, :] * FACE_SHADE[:, None]
+
+
+def _gap(a, b) -> float:
+    """The closest two colours come under any pair of face shades (RGB distance)."""
+    return float(np.linalg.norm(_shades(a)[:, None, :] - _shades(b)[None, :, :], axis=-1).min())
+
+
+def test_a_stop_sign_is_as_distinct_in_colour_as_any_two_other_classes():
+    """A far stop sign is a few pixels, so its face must differ in hue from a light's lamps: at
+    least as much as the closest two other classes (which the target tells apart) differ."""
+    classes = {k: [c] for k, c in COLORS.items() if k not in ("stop_sign", "door")}   # a door is a car's
+    classes["traffic_light"] += list(LIGHT_COLORS)
+    closest = min(_gap(a, b) for (k1, c1), (k2, c2) in itertools.combinations(classes.items(), 2)
+                  for a in c1 for b in c2)
+    for kind, colours in classes.items():
+        for other in colours:
+            assert _gap(COLORS["stop_sign"], other) >= closest, (
+                f"stop sign face {COLORS['stop_sign']} is {_gap(COLORS['stop_sign'], other):.0f} from {kind} {other}; "
+                f"the closest two other classes are {closest:.0f} apart")
 
 
 def test_cheap_visibility_equals_the_rendered_id_image():
