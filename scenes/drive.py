@@ -11,7 +11,8 @@ lead's brake lights, a pedestrian walking or waiting), or the road's curvature a
 and turns, else the clear road; the decision follows from the expert's motion after t and the
 cause, except where that motion hangs on what the frames cannot show: at a red light the
 decision is to stop (or stay stopped) even when the light turns green later in the 6.4 s
-future. So the commitment changes when an event happens and holds between events, while the
+future, and on a clear road it is to keep speed even when the expert will slow for a cause not
+visible yet. So the commitment changes when an event happens and holds between events, while the
 routine part follows the history every cycle. Visibility has hysteresis (MIN_VISIBLE_PIXELS to
 be named, HOLD_VISIBLE_PIXELS to stay named), so a far cause does not flicker from cycle to cycle.
 
@@ -239,6 +240,8 @@ def decide(kind: str, move: str, plan: str, future: np.ndarray, light: str | Non
         return "slow_down"
     if kind == "light" and light == "red":
         return "stop"            # what the frames show; a later green is not in them
+    if kind == "free_cruise" and move in ("slow", "stop"):
+        return "keep_speed"      # slowing for what is not visible yet: the frames show a clear road
     return OVERRIDES.get(kind, {}).get(move, GENERIC[move])
 
 
