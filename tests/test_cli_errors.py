@@ -192,3 +192,14 @@ def test_timeline_skips_bad_lines_with_a_count(tmp_path):
     said = []
     assert load_cycles(f, warn=said.append) == [json.loads(good)]
     assert said == [f"{f}: skipped 3 lines that are not cycle records (first: line 1)"]
+
+
+def test_train_card_without_its_metrics_file_exits_2(tmp_path, capsys):
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"planner: checkpoints/tiny\nout: {tmp_path / 'none.json'}\ncard: {tmp_path / 'CARD.md'}\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "card", "--config", str(cfg)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "none.json not found" in err and "specdrive train eval" in err
+    assert not (tmp_path / "CARD.md").exists()

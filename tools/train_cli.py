@@ -1,4 +1,7 @@
-"""`specdrive train vision|sft|distill|aarl|ship|eval --config configs/train/X.yaml` (wired by tools/cli.py).
+"""`specdrive train vision|sft|distill|aarl|ship|eval|card --config configs/train/X.yaml` (wired by tools/cli.py).
+
+`card` renders the model card again from an eval config's metrics file and notes, without
+evaluating.
 
 Each stage resumes from its run folder's saved state when there is one; `torchrun
 --nproc_per_node N -m tools.train_cli sft --config ...` runs it data-parallel.
@@ -13,11 +16,11 @@ from prompt.config import ConfigError
 from train import config
 
 RUNNERS = {"vision": "train.vision:run", "sft": "train.sft:run", "distill": "train.distill:run", "aarl": "train.aarl:run",
-           "ship": "train.ship:run", "eval": "train.evaluate:run"}
+           "ship": "train.ship:run", "eval": "train.evaluate:run", "card": "train.evaluate:card"}
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("train", help="train the tiny planner: vision, sft, distill, aarl, ship, eval")
+    parser = subparsers.add_parser("train", help="train the tiny planner: vision, sft, distill, aarl, ship, eval, card")
     stages = parser.add_subparsers(dest="stage", metavar="STAGE")
     stages.required = True
     for stage in RUNNERS:

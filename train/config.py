@@ -230,7 +230,7 @@ class EvalConfig:
 
 
 CONFIGS = {"vision": VisionStageConfig, "sft": SFTConfig, "distill": DistillConfig, "aarl": AARLConfig,
-           "ship": ShipConfig, "eval": EvalConfig}
+           "ship": ShipConfig, "eval": EvalConfig, "card": EvalConfig}
 
 
 def load(stage: str, path, overrides=()):

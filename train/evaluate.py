@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from models import io
+from prompt.config import ConfigError
 from models.chain import attention_probs, chain_forward
 from runtime.backend import load_backend
 from runtime.config import PlannerConfig, SpecConfig
@@ -261,6 +262,16 @@ def run(cfg: EvalConfig) -> str:
     if cfg.claims:
         claims_report.write(cfg.out, cfg.claims, Path(cfg.claims).parent / "img")
     if cfg.card:
-        write_card(cfg.out, cfg.card, {"vision": cfg.vision_run, "sft": cfg.sft_run, "distill": cfg.distill_run, "aarl": cfg.aarl_run},
-                   cfg.notes)
+        card(cfg)
     return cfg.out
+
+
+def card(cfg: EvalConfig) -> str:
+    """The model card from the metrics file `cfg.out` that `run` wrote, with cfg's notes."""
+    if not cfg.card:
+        raise ConfigError("card: this eval config names no card file (card: path/MODEL_CARD.md)")
+    if not Path(cfg.out).is_file():
+        raise ConfigError(f"card: metrics file {cfg.out} not found; run `specdrive train eval` with this config first")
+    write_card(cfg.out, cfg.card, {"vision": cfg.vision_run, "sft": cfg.sft_run, "distill": cfg.distill_run,
+                                   "aarl": cfg.aarl_run}, cfg.notes)
+    return cfg.card
