@@ -161,7 +161,7 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
     data_cfg = DataConfig(dir=cfg.data.dir, split=split, max_scenes=cfg.data.max_scenes)
     exs = data.load_examples(data_cfg, tok, model_cfg.target.vision)
     scenes = dataset.load(cfg.data.dir, split)
-    toks, lens = [], []
+    toks = []
     for s in range(0, len(exs), cfg.batch):
         t, n = reasoning.greedy_reasoning(target, exs[s:s + cfg.batch], tok, cfg.max_new_tokens)
         toks += [t[i, :n[i]].numpy() for i in range(len(n))]
