@@ -45,6 +45,8 @@ OVERRIDES = {   # cause kind -> motion -> decision, over GENERIC
     "pedestrian_hidden": {"stop": "slow_down"},
     "cyclist": {"keep": "follow", "slow": "follow"},
     "curve": {"keep": "keep_lane", "speed": "keep_lane"},
+    # slowing for what is not visible yet: the frames show a clear road
+    "free_cruise": {"slow": "keep_speed", "stop": "keep_speed"},
     "cut_in": {"stop": "slow_down"},
 }
 LATERAL = {"cyclist": "nudge_left", "cones": "nudge_left", "door": "nudge_left", "stalled": "change_lane_left"}
@@ -240,8 +242,6 @@ def decide(kind: str, move: str, plan: str, future: np.ndarray, light: str | Non
         return "slow_down"
     if kind == "light" and light == "red":
         return "stop"            # what the frames show; a later green is not in them
-    if kind == "free_cruise" and move in ("slow", "stop"):
-        return "keep_speed"      # slowing for what is not visible yet: the frames show a clear road
     return OVERRIDES.get(kind, {}).get(move, GENERIC[move])
 
 
