@@ -50,6 +50,16 @@ def test_bench_drives_runs_every_mode_and_checks_every_cycle(preset, drives, tmp
     assert sum(judged.values()) > 0
     for c, n in judged.items():
         assert by["spec"][f"alpha_{c}"] == (1.0 if n else None), (c, n, by["spec"])
+    # the per-phase split partitions the cycles by their label, and each part's alpha is its own rows'
+    spec_rows = [r for r in rec["cycles"] if r["mode"] == "spec"]
+    phases = by["spec"]["alpha_by_phase"]
+    assert sum(a["cycles"] for a in phases.values()) == CYCLES
+    for ph, a in phases.items():
+        rows = [r for r in spec_rows if r["phase"] == ph]
+        assert a["cycles"] == len(rows) > 0
+        for c in ("routine", "commitment"):
+            n = sum(r["judged"][c][1] for r in rows)
+            assert a[f"alpha_{c}"] == (1.0 if n else None), (ph, c, a)
     assert set(rec["goal"]) >= {"speedup", "vision_cut", "identical_every_cycle", "tau_lookup_over_model", "met"}
     assert len(rec["cycles"]) == 5 * CYCLES
     assert out.with_suffix(".md").is_file()
@@ -71,3 +81,16 @@ def test_a_bad_drive_folder_exits_2_naming_it(preset, drives, tmp_path, capsys, 
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert word in err and str(bad) in err, err
+
+
+def test_modes_picks_the_modes_and_keeps_plain(preset, drives, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "spec.json"
+    assert bench.main(args(preset, drives, out) + ["--modes", "spec"]) == 0
+    rec = json.loads(out.read_text())
+    assert [m["name"] for m in rec["modes"]] == ["plain", "spec"]
+    assert rec["goal"]["tau_lookup_over_model"] is None and rec["goal"]["met"] is False
+    with pytest.raises(SystemExit) as e:
+        bench.main(args(preset, drives, tmp_path / "x.json") + ["--modes", "spec,warp"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "warp" in err and "spec+vision+lookup" in err, err

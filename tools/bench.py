@@ -4,7 +4,7 @@
                     [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive]
                     [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T]
                     --json OUT [--plot PNG] [--accept-plot PNG]
-    specdrive bench ... --drives DIR [--drive-count N] [--cycles C] --json OUT
+    specdrive bench ... --drives DIR [--drive-count N] [--cycles C] [--modes M,..] --json OUT
 
 What it measures and writes: bench/command.py (the library this command calls).
 """
@@ -59,7 +59,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
                    "through plain, speculative and reuse modes instead of snapshots (bench/drives.py)")
     p.add_argument("--drive-count", type=int, default=4, help="drives of the split to run (--drives; default 4)")
-    p.add_argument("--cycles", type=int, default=30, help="cycles per drive at most (--drives; default 30, 0 = all)")
+    p.add_argument("--cycles", type=int, default=0, help="cycles per drive at most (--drives; default 0 = whole "
+                   "drives: the first 30 cycles of a test drive are mostly the road before its event)")
+    p.add_argument("--modes", help="comma list of drive modes to run besides plain (--drives; default all: "
+                   "plain+vision, spec, spec+vision, spec+vision+lookup)")
     p.set_defaults(run=command.run)
 
 
