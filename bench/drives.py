@@ -14,7 +14,9 @@ speedup over plain decoding without reuse (p50 over p50, same run). The budget i
 mode decodes the same text. Per speculative mode also alpha on routine and on commitment tokens
 (bench/accept_map.py: accepted / judged proposals, the first rejection of a step included; the
 routine clauses of each cycle's own reasoning by the language's grammar), the runtime's
-acceptance on the drive's cycles.
+acceptance on the drive's cycles, also split by phase (cycles whose label names a cause against
+clear-road cycles, `phase_of`) and by the drive's family. `--modes` runs a subset (plain always:
+it is the reference every cycle is checked against).
 """
 from __future__ import annotations
 
@@ -136,7 +138,8 @@ def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: li
             for m in modes:
                 m.steps.clear()
                 res = _timed(planners[m.name], c, f"drive{di}/{ci}")
-                log[m.name].append(_cycle_row(di, ci, res, m.steps, tok) | {"phase": phase_of(c)})
+                log[m.name].append(_cycle_row(di, ci, res, m.steps, tok)
+                                    | {"phase": phase_of(c), "family": c.family})
                 bar.update()
     bar.close()
     return summarize(modes, log, cfg)
@@ -208,6 +211,9 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) 
                 for ph in PHASES if (sel := [r for r in rows if r.get("phase") == ph])}
     return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis, **alpha,
             "alpha_by_phase": by_phase,
+            "alpha_by_family": {f: {"cycles": len(sel)} | _alpha(sel)
+                                for f in sorted({r.get("family") for r in rows} - {None})
+                                if (sel := [r for r in rows if r.get("family") == f])},
             **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]
                for k in ("prefill", "reasoning", "trajectory")},
             "vision_cut": round(1.0 - vis["p50"] / vision0, 4) if vision0 else None,

@@ -60,6 +60,8 @@ def test_bench_drives_runs_every_mode_and_checks_every_cycle(preset, drives, tmp
         for c in ("routine", "commitment"):
             n = sum(r["judged"][c][1] for r in rows)
             assert a[f"alpha_{c}"] == (1.0 if n else None), (ph, c, a)
+    fams = by["spec"]["alpha_by_family"]
+    assert sum(a["cycles"] for a in fams.values()) == CYCLES and set(fams) == {r["family"] for r in spec_rows}
     assert set(rec["goal"]) >= {"speedup", "vision_cut", "identical_every_cycle", "tau_lookup_over_model", "met"}
     assert len(rec["cycles"]) == 5 * CYCLES
     assert out.with_suffix(".md").is_file()
