@@ -154,6 +154,7 @@ class Counting(TableBackend):
     main thread arrives (asks for the expert lock, or calls action itself), and the reasoning
     starts only once the worker is inside, so a missing lock always shows as two at once."""
     concurrent_action = False
+    handshake = True      # False where no worker runs (fallback on_failure): verify must not wait for one
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
@@ -166,7 +167,8 @@ class Counting(TableBackend):
         return super().vision(images)
 
     def verify(self, tokens, start, readout):
-        self.worker_inside.wait(SAFETY_S)
+        if self.handshake:
+            self.worker_inside.wait(SAFETY_S)
         return super().verify(tokens, start, readout)
 
     def action(self, *args, **options):
@@ -201,6 +203,7 @@ def test_never_two_expert_batches_at_once_on_a_cpu_backend():
 
 def test_on_failure_fallback_runs_the_expert_once_per_good_cycle():
     be = Counting(len(TOK), draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
+    be.handshake = False        # no worker starts: each verify would sit out SAFETY_S (180 s in all)
     p = Planner(be, TOK, PlannerConfig(fallback="on_failure"))
     res = p.plan(IMAGES, history(8))
     assert res.source == "reasoning" and be.calls["action"] == 1 and "fallback" not in res.timing["stages_ms"]
@@ -273,6 +276,7 @@ class HangsOnce(Gated):
     """concurrent_action False (one expert lock): the first worker call hangs on the gate while
     holding the lock; later worker calls run at once."""
     concurrent_action = False
+    handshake = True      # False where no worker runs (fallback on_failure): verify must not wait for one
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
