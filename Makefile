@@ -53,7 +53,7 @@ scenes: $(STAMP)
 	$(PY) -m tools.cli scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
 
 # Reproduce checkpoints/tiny from scratch (data, vision pretraining, SFT, distillation, AARL,
-# ship, model card); ~100 min on 2 CPU cores (data 9, vision 9, SFT 71, drafts + AARL + eval 10).
+# ship, model card); ~2 h 10 min on 2 CPU cores (data 5, vision 25, SFT 87, drafts + AARL 8, eval ~20).
 train: $(STAMP)
 	$(PY) -m tools.cli scenes generate --out data/scenes --n 12000 --seed 0 --workers 2
 	$(PY) -m tools.cli train vision --config configs/train/vision.yaml
