@@ -60,7 +60,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "through plain, speculative and reuse modes instead of snapshots (bench/drives.py)")
     p.add_argument("--drive-count", type=int, default=4, help="drives of the split to run (--drives; default 4)")
     p.add_argument("--cycles", type=int, default=0, help="cycles per drive at most (--drives; default 0 = whole "
-                   "drives: the first 30 cycles of a test drive are mostly the road before its event)")
+                   "drives: 3 s of a drive can end before its event)")
     p.add_argument("--modes", help="comma list of drive modes to run besides plain (--drives; default all: "
                    "plain+vision, spec, spec+vision, spec+vision+lookup)")
     p.set_defaults(run=command.run)
