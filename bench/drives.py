@@ -36,7 +36,6 @@ from bench.stats import latency
 
 SCHEMA = "specdrive-bench-drives/1"
 MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup")
-PHASES = ("named", "clear")                     # phase_of: does the cycle's label name a cause
 GOAL_SPEEDUP, GOAL_VISION_CUT = 2.5, 0.40      # issue 26's bar
 
 
@@ -48,7 +47,6 @@ class DriveBenchConfig:
     warmup: int = 1
     k: int | None = None              # None: adaptive k (the profile's k_max); else this fixed k
     max_reasoning_tokens: int | None = None
-    plain_reuse: bool = True          # also plain decoding + vision reuse
     modes: tuple | None = None        # None: every mode (MODES); else these, plain always (the reference)
 
     def __post_init__(self):
@@ -74,12 +72,11 @@ class DriveMode:
 
 
 def make_modes(cfg: DriveBenchConfig) -> list[DriveMode]:
-    modes = [DriveMode("plain", False, ReuseConfig())]
-    if cfg.plain_reuse:
-        modes.append(DriveMode("plain+vision", False, ReuseConfig(vision=True)))
-    modes += [DriveMode("spec", True, ReuseConfig()),
-              DriveMode("spec+vision", True, ReuseConfig(vision=True)),
-              DriveMode("spec+vision+lookup", True, ReuseConfig(vision=True, lookup=True))]
+    modes = [DriveMode("plain", False, ReuseConfig()),
+             DriveMode("plain+vision", False, ReuseConfig(vision=True)),
+             DriveMode("spec", True, ReuseConfig()),
+             DriveMode("spec+vision", True, ReuseConfig(vision=True)),
+             DriveMode("spec+vision+lookup", True, ReuseConfig(vision=True, lookup=True))]
     if cfg.modes is not None:
         modes = [m for m in modes if m.name == "plain" or m.name in cfg.modes]
     return modes
@@ -206,14 +203,8 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) 
              if r["trajectory"] is not None and q["trajectory"] is not None]
     tot = {k: sum(r[k] for r in rows) for k in ("lookup_proposed", "lookup_accepted", "model_proposed",
                                                  "model_accepted", "reused")}
-    alpha = _alpha(rows)
-    by_phase = {ph: {"cycles": len(sel)} | _alpha(sel)
-                for ph in PHASES if (sel := [r for r in rows if r.get("phase") == ph])}
-    return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis, **alpha,
-            "alpha_by_phase": by_phase,
-            "alpha_by_family": {f: {"cycles": len(sel)} | _alpha(sel)
-                                for f in sorted({r.get("family") for r in rows} - {None})
-                                if (sel := [r for r in rows if r.get("family") == f])},
+    return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis, **_alpha(rows),
+            "alpha_by_phase": _alpha_by(rows, "phase"), "alpha_by_family": _alpha_by(rows, "family"),
             **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]
                for k in ("prefill", "reasoning", "trajectory")},
             "vision_cut": round(1.0 - vis["p50"] / vision0, 4) if vision0 else None,
@@ -240,6 +231,14 @@ def _alpha(rows: list) -> dict:
         acc, judged = (sum(r["judged"][c][i] for r in rows) for i in (0, 1))
         out[f"alpha_{c}"] = round(acc / judged, 4) if judged else None
     return out
+
+
+def _alpha_by(rows: list, key: str) -> dict:
+    """{value of row[key]: {cycles, alpha_routine, alpha_commitment}} over the rows with that value."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(r[key], []).append(r)
+    return {v: {"cycles": len(sel)} | _alpha(sel) for v, sel in sorted(groups.items())}
 
 
 def table(record: dict) -> str:

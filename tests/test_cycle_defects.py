@@ -276,7 +276,6 @@ class HangsOnce(Gated):
     """concurrent_action False (one expert lock): the first worker call hangs on the gate while
     holding the lock; later worker calls run at once."""
     concurrent_action = False
-    handshake = True      # False where no worker runs (fallback on_failure): verify must not wait for one
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
