@@ -21,7 +21,7 @@ all: test
 
 help:
 	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
-	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
+	@echo "make test     install into .venv if needed, check import contracts and Python 3.10, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~100 min on 2 CPU cores)"
 	@echo "make claims   the seed paper's claims measured with seeds and intervals -> docs/claims-data.md"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
@@ -39,11 +39,18 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Python 3.10 is the floor (requires-python; JetPack 6 on Orin): no syntax or standard library newer,
+# in any .py of the tree (tests/test_structure.py checks that PY_TREE holds them all and that
+# the check fails on a planted 3.11 file). --exclude long: vermin reads torch's Tensor.long() as
+# Python 2's long.
+PY_TREE = prompt scenes models runtime train export calibration engines bench tools tests $(wildcard configs scripts)
+PY310   = vermin -q -t=3.10- --no-tips --violations --eval-annotations --exclude long
+
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/$(PY310) $(PY_TREE)
 
-test: $(STAMP)
-	$(VENV)/bin/lint-imports
+test: lint
 	$(PY) -m pytest -rs
 
 demo: $(STAMP)
