@@ -21,7 +21,7 @@ all: test
 
 help:
 	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
-	@echo "make test     install into .venv if needed, check import contracts, run the test suite"
+	@echo "make test     install into .venv if needed, check import contracts and Python 3.10, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~100 min on 2 CPU cores)"
 	@echo "make claims   the seed paper's claims measured with seeds and intervals -> docs/claims-data.md"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
@@ -39,11 +39,19 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Python 3.10 is the floor (requires-python; JetPack 6 on Orin): no syntax or standard library newer,
+# in any .py of the tree (tests/test_structure.py checks that PY_TREE holds them all and that
+# the check fails on a planted 3.11 file). --pessimistic: a file this Python cannot parse fails
+# (`except*` on 3.10); --violations only says what (vermin 1.9 then exits 0 on a file it cannot
+# parse); --exclude long: vermin reads torch's Tensor.long() as Python 2's long.
+PY_TREE = prompt scenes models runtime train export calibration engines bench tools tests $(wildcard configs scripts)
+PY310   = vermin -q -t=3.10- --no-tips --eval-annotations --pessimistic --exclude long
+
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/$(PY310) $(PY_TREE) || { $(VENV)/bin/$(PY310) --violations $(PY_TREE); exit 1; }
 
-test: $(STAMP)
-	$(VENV)/bin/lint-imports
+test: lint
 	$(PY) -m pytest -rs
 
 demo: $(STAMP)

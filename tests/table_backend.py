@@ -176,3 +176,9 @@ def integrate_actions(accel: np.ndarray, curvature: np.ndarray, v0: float) -> np
     x = np.cumsum(v * np.cos(heading) * DT)
     y = np.cumsum(v * np.sin(heading) * DT)
     return np.stack([x, y, heading], axis=1).astype(np.float32)
+
+
+def prompts(n: int, seed: int = 0, vocab: int = 48) -> list:
+    """n synthetic token prompts: 6..19 ids each, drawn from 4..vocab-1."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(4, vocab, rng.integers(6, 20)) for _ in range(n)]

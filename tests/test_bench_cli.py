@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-import yaml
 
 from models import io
 from models.action_expert import ActionExpert
@@ -19,24 +18,7 @@ from models.io import with_tokenizer
 from bench.sources import default_tokenizer
 from tools import bench
 
-MICRO = {
-    "target": {"vision": {"depth": 1, "hidden": 16, "heads": 2, "intermediate": 32, "patch": 8,
-                          "temporal_patch": 2, "merge": 2, "num_position_embeddings": 144,
-                          "deepstack_layers": [0]},
-               "llm": {"layers": 2, "hidden": 32, "heads": 2, "kv_heads": 1, "head_dim": 16,
-                       "intermediate": 64, "vocab_size": 1100, "mrope_section": [4, 2, 2],
-                       "interleaved": True}},
-    "draft": {"layers": 1, "rope": "flat", "features": "fused", "feature_layers": [0, 1, 1]},
-    "expert": {"hidden": 32, "heads": 2, "intermediate": 32, "euler_steps": 2},
-}
 FAST = ["--scenes", "2", "--repeats", "2", "--warmup", "1", "--ks", "2", "--max-reasoning", "6"]
-
-
-@pytest.fixture(scope="module")
-def preset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("preset") / "micro.yaml"
-    path.write_text(yaml.safe_dump(MICRO))
-    return path
 
 
 @pytest.fixture(scope="module")

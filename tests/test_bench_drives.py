@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 from scenes.dataset import DriveConfig, generate_drives
-from test_bench_cli import preset  # noqa: F401  (the micro preset fixture)
 from tools import bench
 
 CYCLES = 6

@@ -266,7 +266,7 @@ def test_the_map_on_the_alpamayo_r1_special_token_layout():
     planner's special ids wherever they sit and no trajectory token."""
     pytest.importorskip("tokenizers")
     from prompt.hf_tokenizer import AlpamayoTokenizer
-    from test_alpamayo_release import TOKENS, qwen_alpamayo_tokenizer
+    from alpamayo_tokenizer import TOKENS, qwen_alpamayo_tokenizer
 
     tok = AlpamayoTokenizer(qwen_alpamayo_tokenizer(), dict(TOKENS))
     c = token_counts(TEXTS, tok)

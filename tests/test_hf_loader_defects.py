@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from models.config import LLMConfig, TargetConfig, VisionConfig  # noqa: E402
 from models.hf import config_from_hf, hf_config, load_hf, save_hf  # noqa: E402
 from models.target import Target  # noqa: E402
-from test_hf_parity import IMG, TOL, VS, hf_logits, our_logits, our_positions, prompt  # noqa: E402,F401
+from hf_prompt import IMG, TOL, VS, hf_logits, our_logits, our_positions, two_image_prompt  # noqa: E402
 
 
 def qwen25_target(window_size: int) -> Target:
@@ -31,8 +31,8 @@ def qwen25_target(window_size: int) -> Target:
     return target
 
 
-def test_window_size_0_exports_a_config_transformers_runs(prompt, tmp_path):  # noqa: F811
-    ours = qwen25_target(0)
+def test_window_size_0_exports_a_config_transformers_runs(tmp_path):
+    prompt, ours = two_image_prompt(), qwen25_target(0)
     save_hf(ours, tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())["vision_config"]
     assert written["window_size"] > 0 and written["fullatt_block_indexes"] == [0, 1]

@@ -14,13 +14,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from hf_prompt import IMG, TOL, V, VE, VID, VS, hf_logits, our_logits, our_positions, two_image_prompt  # noqa: E402
 from models.hf import load_hf, save_hf  # noqa: E402
 from models.target import greedy_generate  # noqa: E402
 from prompt.pixels import images_to_patches  # noqa: E402
-from prompt.positions import mrope_position_ids  # noqa: E402
 
-V, IMG, VS, VE, VID = 300, 290, 291, 292, 293
-TOL = 1e-4
 STYLES = ["qwen3", "qwen2.5", "qwen3-tied"]
 
 
@@ -49,14 +47,7 @@ def hf_class(style: str):
 
 @pytest.fixture(scope="module")
 def prompt():
-    """Two images (32x48 and 48x32 -> 6 merged tokens each) between text runs."""
-    rng = np.random.default_rng(0)
-    parts = [images_to_patches(rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8), 8, 2, 2)
-             for h, w in ((32, 48), (48, 32))]
-    text = lambda n: rng.integers(0, 280, n).tolist()  # noqa: E731
-    ids = (text(5) + [VS] + [IMG] * 6 + [VE] + text(3) + [VS] + [IMG] * 6 + [VE] + text(7))
-    return dict(ids=torch.tensor([ids]), pixels=torch.tensor(np.concatenate([p for p, _ in parts])),
-                grid=torch.tensor(np.concatenate([g for _, g in parts])))
+    return two_image_prompt()
 
 
 @pytest.fixture(scope="module")
@@ -83,24 +74,6 @@ def pair(request, build):
     """(style, HF model, our Target loaded through load_hf, the checkpoint dir)."""
     hf, path, ours = build(request.param)
     return request.param, hf, ours, path
-
-
-def hf_logits(hf, prompt):
-    with torch.no_grad():
-        return hf(input_ids=prompt["ids"], pixel_values=prompt["pixels"],
-                  image_grid_thw=prompt["grid"],
-                  mm_token_type_ids=(prompt["ids"] == IMG).int()).logits
-
-
-def our_logits(target, prompt, positions):
-    with torch.no_grad():
-        embeds, deepstack = target.encode_images(prompt["pixels"], prompt["grid"])
-        cos, sin = target.rope(torch.as_tensor(positions)[:, None])
-        return target(prompt["ids"], cos, sin, image_embeds=embeds, deepstack=deepstack)[0]
-
-
-def our_positions(prompt):
-    return mrope_position_ids(prompt["ids"][0].numpy(), prompt["grid"].numpy(), 2, IMG, VS)
 
 
 def test_positions_match_get_rope_index(pair, prompt):

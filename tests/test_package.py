@@ -3,8 +3,12 @@ the import contracts hold, and the command line exits 2 on bad arguments."""
 import importlib.metadata as md
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:                                   # Python 3.10 (JetPack 6): the backport, a dev dependency
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ["prompt", "scenes", "models", "train", "export", "calibration", "engines", "runtime", "bench", "tools"]

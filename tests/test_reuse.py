@@ -141,7 +141,7 @@ def test_an_export_without_the_frame_graph_reuses_through_the_whole_graph(drive,
 def test_reuse_is_exact_on_a_drive_tensorrt_double(drive, tiny_onnx, tmp_path, monkeypatch):
     import shutil
 
-    from test_tensorrt_backend import TRT, build_fake_engines
+    from fake_engines import TRT, build_fake_engines
     from trt_doubles import FakeCudaRuntime, FakeTensorRT, install
 
     out = tmp_path / "tiny-trt"

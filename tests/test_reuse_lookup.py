@@ -11,9 +11,8 @@ from runtime.adaptive import CostModel, StepPolicy
 from runtime.config import BudgetConfig
 from runtime.loop import GreedyRule, SamplingRule, generate
 from runtime.reuse import CycleLookup, Lookup
-from table_backend import TableBackend
-from test_spec_loop import exact_joint, prompts
-from test_spec_rules import chi2_z
+from distribution import chi2_z, exact_joint
+from table_backend import TableBackend, prompts
 
 V, STOP = 48, 3
 

@@ -15,7 +15,9 @@ from runtime.backend import BackendSpec, expert_noise
 from runtime.backends.torch import create
 from policies import FixedK
 from runtime.loop import GreedyRule, generate
-from test_spec_torch import build, one_thread, tiny_config  # noqa: F401  (fixture)
+from tiny_torch import build, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOK = Tokenizer.build("ego is cruising at 12 m/s , so keep speed".split())
 

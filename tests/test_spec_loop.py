@@ -5,17 +5,16 @@ prefix, rollback bugs are caught, sampled output follows the target's joint dist
 The table target reads every earlier cache row (a causal mean), so a wrong `start` or a stale
 row changes its output; scenes here are synthetic token prompts (no images)."""
 from collections import Counter
-from itertools import product
 
 import numpy as np
 import pytest
 
-from runtime.acceptance import process_logits
 from runtime.adaptive import CostModel, StepPolicy
 from runtime.backend import PrefillInputs
-from table_backend import TableBackend
+from table_backend import TableBackend, prompts
 from runtime.config import BudgetConfig
 from policies import FixedK
+from distribution import chi2_z, exact_joint, wrong_rule_resample_from_p
 from runtime.loop import (DecodeState, DecodeStats, GreedyRule, SamplingRule, decode,
                           generate)
 
@@ -24,11 +23,6 @@ V, STOP = 48, 3
 
 def backend(noise: float, seed: int = 0) -> TableBackend:
     return TableBackend(V, max_len=256, seed=seed, draft_noise=noise, stop_id=STOP, stop_slope=0.06)
-
-
-def prompts(n: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(4, V, rng.integers(6, 20)) for _ in range(n)]
 
 
 def policy(k, adaptive=False):
@@ -112,23 +106,9 @@ def test_the_equality_sweep_catches_a_rollback_bug():
     assert diffs > 0
 
 
-def exact_joint(be, prompt, n, temperature, top_p):
-    """P(x_1..x_n) of the target with temperature/top-p, by enumerating every sequence."""
-    probs = {}
-    pos = np.tile(np.arange(len(prompt)), (3, 1))
-    for seq in product(range(be.vocab_size), repeat=n):
-        first = be.prefill(PrefillInputs(prompt, pos, 0), "logits")
-        rest = be.verify(np.array(seq[:-1]), len(prompt), "logits")
-        p = process_logits(np.concatenate([first, rest]), temperature, top_p)
-        probs[seq] = float(np.prod([p[i, s] for i, s in enumerate(seq)]))
-    return probs
-
-
 def sampled_z(top_p: float, draft_head=None) -> float:
     """Chi-square z of 6000 sampled 4-token outputs (k = 3, vocab 4) against the exact joint;
     draft_head: the target ids of a reduced draft head (its q is zero outside them)."""
-    from test_spec_rules import chi2_z
-
     be = TableBackend(4, max_len=32, seed=3, draft_noise=1.0, draft_head=draft_head)
     prompt, n, temperature = np.array([1, 2, 0, 3]), 4, 0.8
     exact = exact_joint(be, prompt, n, temperature, top_p)
@@ -163,7 +143,6 @@ def test_sampled_output_is_exact_with_a_reduced_draft_head():
 
 def test_the_joint_distribution_test_catches_a_wrong_rule(monkeypatch):
     import runtime.loop
-    from test_spec_rules import _wrong_rule_resample_from_p
 
-    monkeypatch.setattr(runtime.loop, "accept_sampling", _wrong_rule_resample_from_p)
+    monkeypatch.setattr(runtime.loop, "accept_sampling", wrong_rule_resample_from_p)
     assert sampled_z(1.0) > 8.0

@@ -1,7 +1,5 @@
 """Acceptance rules: greedy, relaxed (Spec-VLA, property tests), speculative sampling
 (statistical: the emitted tokens follow the target distribution; a wrong rule is caught)."""
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -9,20 +7,7 @@ from hypothesis import given, settings, strategies as st
 from runtime.acceptance import (TEXT_RANGE, accept_greedy, accept_relaxed, accept_sampling,
                                 process_logits, sample, trajectory_range_ids)
 from prompt.vocab import Tokenizer
-
-
-def chi2_z(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson chi-square of counts against probs (cells with expected < 5 pooled), as a
-    Wilson-Hilferty z-score: z > 4 means p < 3e-5 under the null."""
-    n = counts.sum()
-    expected = probs * n
-    small = expected < 5
-    obs = np.append(counts[~small], counts[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    df = max(int(keep.sum()) - 1, 1)
-    return ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+from distribution import chi2_z, wrong_rule_resample_from_p
 
 
 # --- greedy and relaxed ------------------------------------------------------------------------
@@ -131,20 +116,12 @@ def test_speculative_sampling_emits_the_target_distribution_at_every_position():
         assert z < 4.0, f"position {i}: emitted tokens do not follow p (chi-square z={z:.1f})"
 
 
-def _wrong_rule_resample_from_p(draft, q, p, rng):
-    """A classic bug: on rejection sample from p instead of norm(max(0, p - q))."""
-    for i, x in enumerate(draft):
-        if rng.random() * q[i, x] >= p[i, x]:
-            return i, sample(p[i], rng.random())
-    return len(draft), sample(p[len(draft)], rng.random())
-
-
 def _wrong_rule_accept_all(draft, q, p, rng):
     """Accepting every draft token emits q, not p."""
     return len(draft), sample(p[len(draft)], rng.random())
 
 
-@pytest.mark.parametrize("rule", [_wrong_rule_resample_from_p, _wrong_rule_accept_all])
+@pytest.mark.parametrize("rule", [wrong_rule_resample_from_p, _wrong_rule_accept_all])
 def test_the_statistical_test_catches_a_wrong_rule(rule):
     p, q = _tables(np.random.default_rng(1), k=3, V=6)
     counts = _emitted_counts(rule, p, q, 20000, seed=2)

@@ -14,10 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from models.action_expert import ActionExpert
-from models.config import DraftConfig, ExpertConfig, LLMConfig, ModelConfig, TargetConfig, VisionConfig
-from models.draft import Draft
-from models.target import Target
 from prompt.vocab import Tokenizer
 from runtime.adaptive import CostModel, StepPolicy
 from models.io import with_tokenizer
@@ -25,42 +21,13 @@ from runtime.backend import PrefillInputs
 from runtime.backends.torch import TorchBackend, noised_copy
 from runtime.config import BudgetConfig
 from policies import FixedK
+from tiny_torch import V, build, tiny_config
 from runtime.loop import GreedyRule, generate
 
-V, SCENES, MAX_NEW, TIE = 96, 200, 16, 1e-5
+SCENES, MAX_NEW, TIE = 200, 16, 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: intra-op threads only add contention on the shared 2-core CI box
-    (measured 3.5 ms vs 17 ms per forward under load). Restored after this module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def tiny_config(vocab: int = V) -> ModelConfig:
-    vision = VisionConfig(depth=1, hidden=16, heads=2, intermediate=32, num_position_embeddings=16,
-                          deepstack_layers=(0,))
-    llm = LLMConfig(layers=2, hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=64,
-                    vocab_size=vocab, mrope_section=(4, 2, 2))
-    return ModelConfig(target=TargetConfig(vision=vision, llm=llm), draft=DraftConfig(layers=1),
-                       expert=ExpertConfig(hidden=32, heads=2, intermediate=32, euler_steps=2))
-
-
-def build(cfg: ModelConfig, seed: int = 0, std: float | None = None):
-    """Random models; `std` redraws every weight matrix N(0, std) (0.2: the context, e.g. the
-    images, then steers the output more than the last token does)."""
-    torch.manual_seed(seed)
-    target = Target(cfg.target)
-    draft = Draft(cfg, target.embed_tokens, target.lm_head)
-    if std is not None:
-        with torch.no_grad():
-            for p in [*target.parameters(), *draft.parameters()]:
-                if p.dim() == 2:
-                    p.normal_(0, std)
-    return target, ActionExpert(cfg.expert, cfg.target.llm), draft
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ import graph, checked on the source so they cannot quietly come back:
 """
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,3 +199,81 @@ def test_engine_precisions_cover_exactly_the_declared_graphs():
 
     assert tuple(f.name for f in dataclasses.fields(GraphPrecision)) == GRAPHS
     assert SHAPES.cameras == len(CAMERAS)
+
+
+# --- tests import helpers, never each other; Python 3.10 is the floor (issue 34) -----------------
+def imports_of_test_modules(source: str, name: str = "<source>") -> list[str]:
+    """Imports of another tests/test_*.py module in SOURCE (bare `test_x` or `tests.test_x`)."""
+    hits = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""                       # `from . import test_x`: base ""
+            mods = [base] + [f"{base}.{a.name}".lstrip(".") for a in node.names]
+        else:
+            continue
+        for mod in mods:
+            parts = mod.split(".")
+            if parts[-1].startswith("test_") and parts[:-1] in ([], ["tests"]):
+                hits.append(f"{name}:{node.lineno}: imports {mod}")
+    return hits
+
+
+def test_the_test_import_checker_finds_an_import():
+    planted = ("import os\nfrom tests.test_a import x\nimport test_b\nfrom tests import test_c, folders\n"
+               "from . import test_d\n")
+    assert [h.rsplit(" ", 1)[1] for h in imports_of_test_modules(planted)] == [
+        "tests.test_a", "test_b", "tests.test_c", "test_d"]
+    assert not imports_of_test_modules("from tests.folders import copy_of\nfrom table_backend import prompts\n")
+
+
+def test_no_test_module_imports_another():
+    """Shared fixtures live in tests/conftest.py, shared helpers in non-test modules of tests/."""
+    files = sorted((ROOT / "tests").glob("test_*.py"))
+    hits = [h for f in files for h in imports_of_test_modules(f.read_text(), f.name)]
+    assert len(files) > 50 and not hits, "a test module imports another (move the piece to " \
+        "tests/conftest.py or a helper module):\n" + "\n".join(hits)
+
+
+def _make_var(name: str) -> str:
+    m = re.search(rf"^{name}\s*=\s*(.+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert m, f"Makefile has no {name} ="
+    return m.group(1)
+
+
+def py310_check(*paths, show: bool = False) -> subprocess.CompletedProcess:
+    """The Makefile's Python 3.10 check (PY310, the vermin of this environment) on PATHS; `show`:
+    the rerun that prints the violations."""
+    tool, *flags = _make_var("PY310").split() + ["--violations"] * show
+    return subprocess.run([str(Path(sys.executable).parent / tool), *flags, *map(str, paths)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_py310_check_fails_on_3_11_code_and_passes_3_10_code(tmp_path):
+    (tmp_path / "new.py").write_text("import datetime\nimport tomllib\nfrom typing import Self\n\n"
+                                     "print(datetime.UTC, tomllib, Self)\n")
+    # 3.11 syntax: reported as `except*` on 3.11+, a syntax error (--pessimistic: fails) on 3.10
+    (tmp_path / "star.py").write_text("try:\n    pass\nexcept* ValueError:\n    pass\n")
+    (tmp_path / "ok.py").write_text("from __future__ import annotations\nimport sys\n\n"
+                                    "if sys.version_info >= (3, 11):\n    import tomllib\nelse:\n"
+                                    "    import tomli as tomllib\n\n\ndef f(x: int | None) -> list[int]:\n"
+                                    "    match x:\n        case None:\n            return []\n"
+                                    "    return [x, len(tomllib.loads(''))]\n")
+    for planted in ("new.py", "star.py"):
+        assert py310_check(tmp_path / planted).returncode != 0, f"{planted} passed the 3.10 check"
+    shown = py310_check(tmp_path / "new.py", tmp_path / "star.py", show=True).stdout
+    for construct in ("'datetime.UTC' member", "'tomllib' module", "'typing.Self' member", "except*"):
+        assert construct in shown, f"{construct} not reported:\n{shown}"
+    ok = py310_check(tmp_path / "ok.py")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_the_py310_check_covers_every_python_file():
+    """PY_TREE (what `make lint` / `make test` check) holds every .py file of the tree."""
+    tree = _make_var("PY_TREE").replace("$(wildcard", " ").replace(")", " ").split()
+    tops = [p for p in ROOT.iterdir() if not p.name.startswith(".") and p.name not in ("build", "out", "dist")]
+    files = [f.relative_to(ROOT) for top in tops for f in ([top] if top.is_file() else top.rglob("*.py"))
+             if f.suffix == ".py" and not any(part.startswith(".") for part in f.relative_to(ROOT).parts)]
+    outside = [f.as_posix() for f in files if f.parts[0] not in tree]
+    assert len(files) > 150 and not outside, f"Python files the 3.10 check does not see: {outside}"

@@ -16,7 +16,7 @@ from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner
 from scenes.world import make_scene
 from tests import trtllm_doubles
-from tests.test_tensorrt_backend import SHIPPED, TRT, build_fake_engines
+from tests.fake_engines import SHIPPED, TRT, build_fake_engines
 from tests.trt_doubles import FakeCudaRuntime, FakeTensorRT, install
 
 

@@ -9,7 +9,7 @@ from models.chain import rollout
 from models.draft import Draft
 from train import aarl, ckpt, metrics, sft
 from train.vocab import build_tokenizer
-from test_train_fixtures import examples, micro_preset, scenes, one_thread  # noqa: F401 (one_thread is a fixture)
+from train_inputs import examples, micro_preset, scenes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,7 +7,6 @@ import torch
 
 from models import io
 from train import ckpt, data, reasoning
-from test_train_fixtures import one_thread  # noqa: F401 (fixture)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny"
 DRAFTS = ("flat", "mrope", "flat-standalone", "flat-aarl")

@@ -78,7 +78,7 @@ def test_sft_on_two_gloo_ranks_matches_one_process(tmp_path):
     """The real SFT stage (micro preset, 8 scenes): torchrun 2 x batch 2 == 1 x batch 4."""
     import yaml
     from scenes.dataset import GenerateConfig, generate
-    from test_train_fixtures import micro_preset
+    from train_inputs import micro_preset
 
     generate(GenerateConfig(out=str(tmp_path / "scenes"), n=12, seed=1), progress=False)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -16,7 +16,7 @@ from train.config import DistillConfig, RunConfig
 from train.distill import distill_loss
 from train.teachers import build_teachers
 from train.vocab import build_tokenizer
-from test_train_fixtures import examples, micro_preset, one_thread  # noqa: F401 (one_thread is a fixture)
+from train_inputs import examples, micro_preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,7 +6,6 @@ import torch
 from prompt.config import ConfigError, from_dict
 from train import config, data, dist, loop
 from train.config import RunConfig
-from test_train_fixtures import one_thread  # noqa: F401 (one_thread is a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ from prompt.layout import SEG_COC
 from train import data, sft
 from train.config import RunConfig, SFTConfig
 from train.vocab import build_tokenizer
-from test_train_fixtures import examples, micro_preset, one_thread  # noqa: F401 (one_thread is a fixture)
+from train_inputs import examples, micro_preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,3 +101,10 @@ def test_few_step_sft_lowers_every_loss(setup):
     for name in ("coc", "future", "expert", "expert_cut"):
         assert after[name] < before[name], f"{name}: {before[name]:.3f} -> {after[name]:.3f}"
     assert after["coc"] < 0.7 * before["coc"]
+
+
+def test_micro_preset_loads(tmp_path):
+    from models.config import load_preset
+
+    cfg = load_preset(micro_preset(tmp_path))
+    assert cfg.target.llm.layers == 4 and cfg.expert.head_dim == cfg.target.llm.head_dim

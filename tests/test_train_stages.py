@@ -11,7 +11,7 @@ from models import io
 from prompt.config import ConfigError
 from train import config, distill, evaluate, sft, ship, vision
 from train import aarl as aarl_stage
-from test_train_fixtures import one_thread, stage_root  # noqa: F401 (one_thread is a fixture)
+from train_inputs import stage_root
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,7 +11,7 @@ import yaml
 
 from prompt.config import ConfigError, from_dict
 from train import config, data, metrics, sft, vision
-from test_train_fixtures import one_thread, stage_root  # noqa: F401 (one_thread is a fixture)
+from train_inputs import stage_root
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,9 +1,8 @@
-"""Shared pieces of the training tests: a micro model preset, a handful of real scenes, and a
-fixture that runs torch on one thread."""
+"""What the training tests train on: a micro model preset, a handful of real scenes and their
+encoded examples, a run folder with both (torch on one thread: the `one_thread` fixture in
+tests/conftest.py)."""
 import functools
 from pathlib import Path
-
-import pytest
 
 MICRO = """
 target:
@@ -44,21 +43,3 @@ def examples(n: int, tok, vision, split: str = "train") -> list:
     return [data.encode_scene(s, tok, vision, index=i)
             for i, s in enumerate(scenes(n, split))]
 
-
-def test_micro_preset_loads(tmp_path):
-    from models.config import load_preset
-
-    cfg = load_preset(micro_preset(tmp_path))
-    assert cfg.target.llm.layers == 4 and cfg.expert.head_dim == cfg.target.llm.head_dim
-
-
-@pytest.fixture(autouse=False)
-def one_thread():
-    """Torch on one thread for the test, restored after: on the shared 2-core machine two
-    OpenMP threads spin against other processes and run many times slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
