@@ -252,7 +252,7 @@ def test_reuse_settings_load_from_a_profile_and_are_checked():
 def test_the_projection_of_a_drive_encodes_new_frames_only_and_prices_lookup_steps_without_a_draft():
     import math
 
-    from bench.projection import Device, Workload, drive, project
+    from bench.common.projection import Device, Workload, drive, project
     from models.config import load_preset
 
     cfg = load_preset("alpamayo-r1-10b")

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import command
+from bench.speedup import command
 from prompt.config import ConfigError
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import plan_run
-from bench.sources import add_source_args
+from bench.plan import command as plan_run
+from bench.common.sources import add_source_args
 from tools.argtypes import count, finite_ms, out_folder
 from runtime.config import DECODING, TRAJECTORY_SOURCES
 

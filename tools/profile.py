@@ -9,8 +9,8 @@ What it measures and writes: bench/profile_run.py (the library this command call
 from __future__ import annotations
 
 
-from bench import profile_run
-from bench.sources import add_source_args
+from bench.profiling import command as profile_run
+from bench.common.sources import add_source_args
 from tools.argtypes import count, out_folder
 
 

@@ -9,8 +9,8 @@ What it measures and writes: bench/roofline.py (the library this command calls).
 from __future__ import annotations
 
 
-from bench import roofline
-from bench.projection import PRECISIONS
+from bench.roofline import command as roofline
+from bench.common.projection import PRECISIONS
 from tools.argtypes import count, finite_ms, input_file, out_file
 
 

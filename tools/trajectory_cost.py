@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import trajectory_cost
+from bench.trajectory_cost import command as trajectory_cost
 
 
 def add_parser(subparsers) -> None:

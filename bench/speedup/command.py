@@ -17,13 +17,13 @@ import sys
 import numpy as np
 
 from prompt.config import ConfigError
-from bench.backends import open_bench_backends
+from bench.common.compared_backends import open_bench_backends
 from runtime.artifacts import ModelSource
 from runtime.config import load_planner_config
-from bench import report
-from bench.sources import default_tokenizer
-from bench.threads import torch_threads
-from bench.run import BenchConfig, BenchScene, machine_info, make_modes, run_bench
+from bench.speedup import report
+from bench.common.sources import default_tokenizer
+from bench.common.threads import torch_threads
+from bench.speedup.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
 
 
 def bench_config(args, profile) -> BenchConfig:
@@ -52,7 +52,7 @@ def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
 
 def run(args) -> int:
     if getattr(args, "drives", None) is not None:     # whole drives, reuse against none
-        from bench import drives
+        from bench.whole_drives import measure as drives
         return drives.command(args)
     profile = load_planner_config(args.profile)
     cfg = bench_config(args, profile)

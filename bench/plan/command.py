@@ -16,10 +16,10 @@ from prompt.config import ConfigError, read_json
 from runtime.artifacts import open_backend
 from runtime.config import load_planner_config
 from runtime.planner import Planner
-from bench.accept_map import routine_tokens
-from bench.cycle_report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
-from bench.sources import default_tokenizer, model_source, scene_source
-from bench.threads import torch_threads
+from bench.common.accept_map import routine_tokens
+from bench.common.cycle_report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
+from bench.common.sources import default_tokenizer, model_source, scene_source
+from bench.common.threads import torch_threads
 
 
 def default_profile(args) -> str:

@@ -25,8 +25,8 @@ from prompt.config import ConfigError, check_range
 from runtime.budget import wall_ms
 from runtime.config import K_MAX_LIMIT, PlannerConfig
 from runtime.planner import Planner
-from bench import accept_map
-from bench.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
+from bench.common import accept_map
+from bench.common.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
                                loss_factors, spread)
 
 SCHEMA = "specdrive-bench/1"

@@ -36,7 +36,7 @@ def seconds_arg(text: str) -> float:
 
 
 def add_parser(subparsers) -> None:
-    from bench.drive import DEFAULT_BUDGET_MS, MODES
+    from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES
 
     p = subparsers.add_parser("drive", help="closed-loop drives: metrics, tables and GIFs per mode and latency",
                               description=__doc__.splitlines()[0])
@@ -61,5 +61,5 @@ def add_parser(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from bench import drive
+    from bench.closed_loop import loop as drive
     return drive.run(args)

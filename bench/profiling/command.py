@@ -22,10 +22,10 @@ from runtime import trace
 from runtime.artifacts import open_backend
 from runtime.config import load_planner_config
 from runtime.planner import Planner
-from bench import profile_report, timeline
-from bench.cycle_report import JsonLog
-from bench.sources import default_tokenizer, model_source, scene_source
-from bench.threads import torch_threads
+from bench.profiling import report as profile_report, timeline
+from bench.common.cycle_report import JsonLog
+from bench.common.sources import default_tokenizer, model_source, scene_source
+from bench.common.threads import torch_threads
 
 
 def report_name(args) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt.config import ConfigError, from_dict, load_yaml, read_json
-from bench.projection import Device, Workload, drive, memory_report, project, remedies, stage_costs
+from bench.common.projection import Device, Workload, drive, memory_report, project, remedies, stage_costs
 
 SMALLER = {"alpamayo-r1-10b": "edge-2b"}     # the remedy "a smaller preset"
 DEVICES_FILE = Path(__file__).resolve().parent.parent / "configs" / "devices.yaml"
@@ -69,7 +69,7 @@ def workload(args, model_cfg, planner_cfg, overrides: dict) -> Workload:
 
 def resolve_device(args) -> tuple[Device, dict | None]:
     if args.device == "cpu":
-        from bench.microbench import cpu_device, measure_cpu
+        from bench.roofline.microbench import cpu_device, measure_cpu
 
         peaks = measure_cpu(args.threads)
         return cpu_device(peaks), peaks

@@ -264,7 +264,7 @@ def prompt_tokens(cfg: ModelConfig, images: int, image_hw) -> int:
     import numpy as np
 
     from prompt.layout import build_prompt
-    from bench.sources import default_tokenizer
+    from bench.common.sources import default_tokenizer
 
     v = cfg.target.vision
     per_image = (image_hw[0] // v.patch) * (image_hw[1] // v.patch) // v.merge ** 2

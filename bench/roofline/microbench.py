@@ -12,13 +12,13 @@ import time
 
 import numpy as np
 
-from bench.projection import Device
+from bench.common.projection import Device
 
 
 def matmul_gflops(n: int = 1024, repeats: int = 5, threads: int = 1) -> float:
     import torch
 
-    from bench.threads import torch_threads
+    from bench.common.threads import torch_threads
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     best = float("inf")

@@ -31,8 +31,8 @@ from tqdm import tqdm
 from prompt.config import ConfigError, check_range
 from runtime.config import PlannerConfig, ReuseConfig
 from runtime.planner import Planner
-from bench import accept_map
-from bench.stats import latency
+from bench.common import accept_map
+from bench.common.stats import latency
 
 SCHEMA = "specdrive-bench-drives/1"
 MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup")
@@ -275,9 +275,9 @@ def write(path, record: dict) -> None:
 
 def command(args) -> int:
     """`specdrive bench --drives DIR ...` (tools/bench.py): open the backends, run, write, print."""
-    from bench.backends import open_bench_backends
-    from bench.sources import default_tokenizer
-    from bench.threads import torch_threads
+    from bench.common.compared_backends import open_bench_backends
+    from bench.common.sources import default_tokenizer
+    from bench.common.threads import torch_threads
     from runtime.artifacts import ModelSource
     from runtime.config import load_planner_config
 

@@ -1,4 +1,4 @@
-"""`specdrive drive`: closed-loop drives, where a late plan is followed late. (the library of tools/drive.py)
+"""`specdrive drive`: closed-loop drives, where a late plan is followed late. (the library of tools/closed_loop.py)
 
 Closed loop (scenes/closed_loop.py moves the ego and scores the path):
     - before the first cycle the ego is where the expert was (the first history is the expert's);
@@ -28,7 +28,7 @@ import numpy as np
 
 from prompt.config import ConfigError, from_dict
 from runtime.config import PlannerConfig, load_planner_config
-from scenes.closed_loop import compose, drive_metrics, hold_plan, plan_step, speeds
+from bench.closed_loop.ego_path import compose, drive_metrics, hold_plan, plan_step, speeds
 from scenes.config import DT
 
 BUDGET = "BUDGET"           # filled with --budget-ms
@@ -200,7 +200,7 @@ def run_case(case: DriveCase, mode: str, cfg: PlannerConfig, latency, backends: 
 
 def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget_ms: float) -> tuple:
     """(tokenizer, {"plain": backend without a draft, "flat": the shipped flat draft})."""
-    from bench.sources import default_tokenizer
+    from bench.common.sources import default_tokenizer
     from runtime.artifacts import ModelSource, open_backend
 
     kinds = {"flat" if mode_config(cfg, m, budget_ms).spec.k > 0 else "plain" for m in modes}
@@ -215,10 +215,10 @@ def run(args) -> int:
     """The command: every drive x mode x latency spec; JSON, table and GIFs under OUT/LATENCY."""
     from tqdm import tqdm
 
-    from bench.drive_gif import draw_case
-    from bench.drive_latency import parse_latency
-    from bench.drive_report import table
-    from bench.threads import torch_threads
+    from bench.closed_loop.gif import draw_case
+    from bench.closed_loop.latency import parse_latency
+    from bench.closed_loop.report import table
+    from bench.common.threads import torch_threads
 
     base = load_planner_config(args.profile)
     modes = parse_modes(args.modes)
