@@ -127,5 +127,5 @@ def test_add_parser_registers_the_bench_subcommand():
     parser = argparse.ArgumentParser(prog="specdrive")
     bench.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--checkpoint", "ckpt", "--json", "out.json"])
-    assert (args.run.__module__, args.run.__name__) == ("bench.speedup.command", "run")
-    assert (args.ks, args.repeats, args.scenes, args.threads) == ("4,8", 3, 16, 1)
+    assert (args.run.__module__, args.run.__name__) == ("tools.bench", "run")
+    assert (args.ks, args.repeats, args.scenes, args.threads) == ((4, 8), 3, 16, 1)

@@ -174,7 +174,8 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
 # --- the simulated latency on the shipped checkpoint ----------------------------------------------
 @pytest.fixture(scope="module")
 def shipped():
-    from bench.closed_loop.loop import drive_cases, open_backends
+    from bench.closed_loop.command import open_backends
+    from bench.closed_loop.loop import drive_cases
 
     base = load_planner_config("cpu")
     tok, backends = open_backends(ROOT / "checkpoints" / "tiny", base, ["speculative"], 250.0)

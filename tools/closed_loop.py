@@ -3,14 +3,15 @@
     specdrive drive [--checkpoint DIR] [--drives DIR|N] [--modes plain,speculative,...]
                     [--latency measured|DEVICE:PRESET[,...]] [--budget-ms B] [--seconds S] --out DIR
 
-What it runs, measures and writes: bench/drive.py (the library this command calls).
+What it runs, measures and writes: bench/closed_loop/ (the library this command calls with a
+ClosedLoopRun).
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from tools.argtypes import count, finite_ms, out_folder
+from tools.argtypes import config_of, count, finite_ms, out_folder
 
 
 def drives_arg(text: str):
@@ -60,6 +61,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=_run)
 
 
-def _run(args) -> int:
-    from bench.closed_loop import loop as drive
-    return drive.run(args)
+def _run(args: argparse.Namespace) -> int:
+    from bench.closed_loop import command
+    return command.run(config_of(command.ClosedLoopRun, args))

@@ -56,7 +56,7 @@ class Latency:
 
 def parse_latency(spec: str, planner_cfg) -> Latency:
     """'measured' or 'DEVICE:PRESET' -> Latency (ConfigError naming the allowed devices / presets)."""
-    from bench.roofline.command import load_devices
+    from bench.common.devices import load_devices
     from models.config import load_preset
 
     spec = spec.strip()

@@ -1,8 +1,8 @@
 """Development inputs of `specdrive plan`: synthetic scenes or a dataset folder.
 
 The vehicle calls Planner.plan with its own camera frames and ego history; scenes/ is only the
-development world, so this glue lives in tools/ (which may import every folder) and the
-shipped runtime never imports it.
+development world, so this glue lives in bench/ (which may import every folder but tools/) and
+the shipped runtime never imports it.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import numpy as np
 
 from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
-from runtime.artifacts import ModelSource
 from scenes import coc, dataset, world
 
 DEFAULT_SCENES = 8
@@ -28,39 +27,37 @@ class PlanScene:
     family: str | None
 
 
-def add_source_args(p) -> None:
-    """--checkpoint | --engines | --preset (+ --random-init): what a command runs."""
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="checkpoint folder (meta.json kind planner/target)")
-    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
-    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
-    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (with --preset)")
-
-
-def model_source(args) -> ModelSource:
-    """The ModelSource of the parsed --checkpoint/--engines/--preset, --draft, --backend,
-    --device, --eager and --threads arguments."""
-    return ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
-                       random_init=args.random_init, backend=args.backend, draft=args.draft,
-                       device=args.device, eager=args.eager, threads=args.threads)
-
-
 def default_tokenizer() -> Tokenizer:
     """The shipped vocabulary: every word of the synthetic world's CoC grammar."""
     return Tokenizer.build(coc.vocabulary())
 
 
-def scene_source(args, tok):
+@dataclass(frozen=True)
+class SceneSource:
+    """Where the scenes come from: a dataset folder's split, or `scenes` synthetic scenes from `seed`."""
+    data: Path | None = None
+    scenes: int | None = None     # None: DEFAULT_SCENES
+    seed: int = 0
+    split: str = "test"
+
+    def __post_init__(self):
+        if self.scenes is not None and self.scenes < 1:
+            raise ConfigError(f"--scenes={self.scenes} must be >= 1")
+        if self.seed < 0:
+            raise ConfigError(f"--seed={self.seed} must be >= 0 (scene seeds are non-negative)")
+
+
+def scene_source(src: SceneSource, tok):
     """Iterate PlanScenes: `--data DIR` (dataset shards) or `--scenes N --seed S`."""
-    if args.data is not None:
-        scenes = dataset.load(str(args.data), args.split)
+    if src.data is not None:
+        scenes = dataset.load(str(src.data), src.split)
         for i, s in enumerate(scenes):
-            yield _plan_scene(s, f"{args.split}/{i}")
+            yield _plan_scene(s, f"{src.split}/{i}")
         return
-    n = DEFAULT_SCENES if args.scenes is None else args.scenes
+    n = DEFAULT_SCENES if src.scenes is None else src.scenes
     for i in range(n):
-        s = world.make_scene(args.seed + i, split=args.split)
-        yield _plan_scene(s, f"seed{args.seed + i}")
+        s = world.make_scene(src.seed + i, split=src.split)
+        yield _plan_scene(s, f"seed{src.seed + i}")
 
 
 def _plan_scene(s, name: str) -> PlanScene:

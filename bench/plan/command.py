@@ -6,23 +6,41 @@ What an artifact is comes from its meta.json (runtime.artifacts), never from its
 """
 from __future__ import annotations
 
-import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError, read_json
-from runtime.artifacts import open_backend
-from runtime.config import load_planner_config
+from prompt.config import read_json
+from runtime.artifacts import ModelSource, open_backend
+from runtime.config import load_planner_config, with_overrides
 from runtime.planner import Planner
 from bench.common.accept_map import routine_tokens
 from bench.common.cycle_report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
-from bench.common.sources import default_tokenizer, model_source, scene_source
+from bench.common.sources import SceneSource, default_tokenizer, scene_source
 from bench.common.threads import torch_threads
 
 
-def default_profile(args) -> str:
+@dataclass(frozen=True)
+class PlanRun:
+    """One `specdrive plan` run: the models, the scenes, the profile and its overrides, the outputs."""
+    source: ModelSource
+    scenes: SceneSource
+    out: Path
+    profile: str | None = None      # None: the engines folder's manifest.json names it, else cpu
+    k: int | None = None            # a fixed draft length (adaptive off; 0 = plain decoding)
+    decoding: str | None = None
+    trajectory: str | None = None
+    budget_ms: float | None = None
+    max_reasoning: int | None = None
+    threads: int = 1                # torch / onnxruntime CPU threads (0 = the library's default)
+    warmup: int = 1                 # unlogged warm-up cycles on the first scene
+    pictures: int = 8               # bird's-eye SVGs of the first N cycles
+    quiet: bool = False             # no live table
+
+
+def default_profile(args: ModelSource) -> str:
     """The planner profile an engines build was made for (its manifest.json), else cpu."""
     manifest = getattr(args, "engines", None) and Path(args.engines) / "manifest.json"
     if manifest and manifest.is_file():
@@ -33,62 +51,49 @@ def default_profile(args) -> str:
     return "cpu"
 
 
-def planner_config(args):
+def planner_config(setup: PlanRun):
     """The profile with the command line's overrides (re-validated by the dataclasses)."""
-    cfg = load_planner_config(args.profile or default_profile(args))
-    spec, budget = cfg.spec, cfg.budget
-    if args.k is not None:
-        spec = dataclasses.replace(spec, k=args.k, adaptive=False)
-    if args.draft == "none":
-        spec = dataclasses.replace(spec, k=0, adaptive=False)
-    if args.decoding:
-        spec = dataclasses.replace(spec, decoding=args.decoding)
-    if args.budget_ms is not None:
-        budget = dataclasses.replace(budget, budget_ms=args.budget_ms)
-    changes = {"spec": spec, "budget": budget}
-    if args.trajectory:
-        changes["trajectory"] = args.trajectory
-    if args.max_reasoning is not None:
-        changes["max_reasoning_tokens"] = args.max_reasoning
-    return dataclasses.replace(cfg, **changes)
+    cfg = load_planner_config(setup.profile or default_profile(setup.source))
+    spec, changes = {}, {}
+    if setup.k is not None:
+        spec.update(k=setup.k, adaptive=False)
+    if setup.source.draft == "none":
+        spec.update(k=0, adaptive=False)
+    if setup.decoding:
+        spec["decoding"] = setup.decoding
+    if setup.budget_ms is not None:
+        changes["budget"] = {"budget_ms": setup.budget_ms}
+    if setup.trajectory:
+        changes["trajectory"] = setup.trajectory
+    if setup.max_reasoning is not None:
+        changes["max_reasoning_tokens"] = setup.max_reasoning
+    return with_overrides(cfg, {"spec": spec, **changes}, "planner")
 
 
-def run(args) -> int:
-    cfg = planner_config(args)
-    if args.preset and args.random_init is None:
-        raise ConfigError("--preset needs --random-init SEED (random weights); "
-                          "trained models come with --checkpoint DIR")
-    if args.scenes is not None and args.scenes < 1:
-        raise ConfigError(f"--scenes={args.scenes} must be >= 1")
-    if args.seed < 0:
-        raise ConfigError(f"--seed={args.seed} must be >= 0 (scene seeds are non-negative)")
-    if args.out.exists() and not args.out.is_dir():
-        raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder (it is created if missing)")
-    if args.threads < 0:
-        raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    src = model_source(args)
-    backend, tok = open_backend(src, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
-    args.out.mkdir(parents=True, exist_ok=True)
+def run(setup: PlanRun) -> int:
+    cfg = planner_config(setup)
+    backend, tok = open_backend(setup.source, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
+    setup.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)
-    with torch_threads(args.threads):
-        results = run_cycles(args, planner, tok)
+    with torch_threads(setup.threads):
+        results = run_cycles(setup, planner, tok)
     summary = summarize(results)
     summary["budget_premise"] = planner.premise
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (setup.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary), flush=True)
     return 0
 
 
-def run_cycles(args, planner: Planner, tok) -> list:
+def run_cycles(setup: PlanRun, planner: Planner, tok) -> list:
     """Warm-up, then one logged (and drawn) cycle per scene -> the results."""
-    log = JsonLog(args.out / "cycles.jsonl")
+    log = JsonLog(setup.out / "cycles.jsonl")
     results = []
     try:
-        if not args.quiet:
+        if not setup.quiet:
             print(TABLE_HEADER, flush=True)
-        for i, scene in enumerate(scene_source(args, tok)):
-            if i == 0 and args.warmup:
-                premise = planner.warmup(scene.images, scene.history, args.warmup)
+        for i, scene in enumerate(scene_source(setup.scenes, tok)):
+            if i == 0 and setup.warmup:
+                premise = planner.warmup(scene.images, scene.history, setup.warmup)
                 if not premise["ok"]:
                     print(f"WARNING: the budget ({premise['budget_ms']:g} ms) cannot hold vision + prefill "
                           f"+ trajectory + margin at their measured worst cases ({premise['need_ms']:.0f} ms): "
@@ -97,10 +102,10 @@ def run_cycles(args, planner: Planner, tok) -> list:
             log.write({**res.to_json(), "expert": _rounded(scene.future), "family": scene.family,
                        "routine_tokens": routine_tokens(tok, res.reasoning)})
             results.append(res)
-            if not args.quiet:
+            if not setup.quiet:
                 print(table_row(res), flush=True)
-            if i < args.pictures:
-                birdseye_svg(args.out / f"cycle_{res.cycle:04d}.svg", res, scene.history, scene.future)
+            if i < setup.pictures:
+                birdseye_svg(setup.out / f"cycle_{res.cycle:04d}.svg", res, scene.history, scene.future)
     finally:
         log.close()
         planner.close()

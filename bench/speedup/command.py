@@ -11,31 +11,36 @@ Drafts of a checkpoint folder are found by their meta.json (kind "draft"), never
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError
 from bench.common.compared_backends import open_bench_backends
-from runtime.artifacts import ModelSource
-from runtime.config import load_planner_config
-from bench.speedup import report
 from bench.common.sources import default_tokenizer
 from bench.common.threads import torch_threads
+from bench.speedup import report
 from bench.speedup.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
+from runtime.artifacts import ModelSource
+from runtime.config import load_planner_config
 
 
-def bench_config(args, profile) -> BenchConfig:
-    try:
-        ks = tuple(int(k) for k in args.ks.split(",") if k.strip())
-    except ValueError:
-        raise ConfigError(f"--ks {args.ks!r} must be comma-separated integers, e.g. 4,8") from None
-    deadline = profile.budget.budget_ms if args.deadline_ms is None else args.deadline_ms
-    return BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, repeats=args.repeats,
-                       warmup=args.warmup, ks=ks, adaptive=not args.no_adaptive, budget_ms=args.budget_ms,
-                       deadline_ms=deadline, max_reasoning_tokens=args.max_reasoning,
-                       picture_scene=args.picture_scene)
+@dataclass(frozen=True)
+class BenchRun:
+    """One `specdrive bench` run: what runs (source, drafts, profile), what is measured (measure;
+    deadline_ms None: the profile's budget_ms) and where the outputs go."""
+    source: ModelSource
+    measure: BenchConfig
+    json: Path
+    drafts: str | None = None       # comma list of draft variants (compared_backends.py)
+    profile: str = "cpu"
+    deadline_ms: float | None = None
+    threads: int = 1                # torch CPU threads (0 = torch's default)
+    plot: Path | None = None        # default: json with .png
+    accept_plot: Path | None = None     # default: json's stem + _accept.png
+    command: str = "specdrive bench"    # how to rerun it (the record's setup)
 
 
 def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
@@ -50,48 +55,33 @@ def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
     return out
 
 
-def run(args) -> int:
-    if getattr(args, "drives", None) is not None:     # whole drives, reuse against none
-        from bench.whole_drives import measure as drives
-        return drives.command(args)
-    profile = load_planner_config(args.profile)
-    cfg = bench_config(args, profile)
-    if args.threads < 0:
-        raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
-                      random_init=args.random_init, backend=args.backend, device=args.device,
-                      eager=args.eager, threads=args.threads)
-    tok, plain, drafts, source = open_bench_backends(src, args.drafts, profile.max_len, default_tokenizer)
-    modes = make_modes(drafts, plain, cfg)
-    with torch_threads(args.threads):
+def run(cfg: BenchRun) -> int:
+    profile = load_planner_config(cfg.profile)
+    deadline = profile.budget.budget_ms if cfg.deadline_ms is None else cfg.deadline_ms
+    measure = dataclasses.replace(cfg.measure, deadline_ms=deadline)
+    src = cfg.source
+    tok, plain, drafts, source = open_bench_backends(src, cfg.drafts, profile.max_len, default_tokenizer)
+    modes = make_modes(drafts, plain, measure)
+    with torch_threads(cfg.threads):
         try:
-            record = run_bench(modes, bench_scenes(cfg), tok, profile, cfg, progress=True)
-            record["machine"] = machine_info(args.device)
+            record = run_bench(modes, bench_scenes(measure), tok, profile, measure, progress=True)
+            record["machine"] = machine_info(src.device)
         finally:
             for be in {id(m.backend): m.backend for m in modes}.values():
                 be.close()
-    record["setup"] = {"source": source, "backend": plain.name, "device": args.device,
-                       "profile": str(args.profile), "command": command_line(args),
-                       **{k: v for k, v in vars(cfg).items()}, "threads": args.threads,
+    record["setup"] = {"source": source, "backend": plain.name, "device": src.device,
+                       "profile": str(cfg.profile), "command": cfg.command,
+                       **{k: v for k, v in vars(measure).items()}, "threads": cfg.threads,
                        "fallback": profile.fallback, "decoding": "greedy",
                        "gc": "collected before, disabled inside every timed cycle"}
-    write_outputs(args, record)
+    write_outputs(cfg, record)
     return 0
 
 
-def command_line(args) -> str:
-    """How to rerun this bench: `specdrive bench` and the arguments it was given."""
-    argv = getattr(args, "argv", None)
-    if argv is None:
-        argv = sys.argv[1:]
-        argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
-    return " ".join(["specdrive bench", *argv])
-
-
-def write_outputs(args, record: dict) -> None:
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    plot = args.plot or args.json.with_suffix(".png")
-    accept = args.accept_plot or args.json.with_name(args.json.stem + "_accept.png")
+def write_outputs(cfg: BenchRun, record: dict) -> None:
+    cfg.json.parent.mkdir(parents=True, exist_ok=True)
+    plot = cfg.plot or cfg.json.with_suffix(".png")
+    accept = cfg.accept_plot or cfg.json.with_name(cfg.json.stem + "_accept.png")
     best = report.best_mode(record) or record["modes"][-1]["name"]
     record["best"] = best
     record["criterion"] = report.criterion(record)
@@ -100,15 +90,15 @@ def write_outputs(args, record: dict) -> None:
     try:
         report.plot_bench(plot, record)
         record["pictures"]["where_accepted_scene"] = report.plot_where(accept, record, best,
-                                                                             args.picture_scene)
+                                                                             cfg.measure.picture_scene)
     except ModuleNotFoundError as e:     # a vehicle-side install has no plotting library
         if e.name != "matplotlib":
             raise
         record["pictures"] = None
         print("pictures skipped: matplotlib is not installed (pip install '.[plots]')", flush=True)
-    args.json.write_text(json.dumps(record, indent=1) + "\n")
-    args.json.with_suffix(".md").write_text(report.markdown_report(record))
+    cfg.json.write_text(json.dumps(record, indent=1) + "\n")
+    cfg.json.with_suffix(".md").write_text(report.markdown_report(record))
     print(report.table(record), flush=True)
     print(f"issue 6 bar (>= 2.5x, same output, >= 85% of ideal): {record['criterion']}", flush=True)
     pictures = f", {plot}, {accept}" if record["pictures"] else ""
-    print(f"best: {best}; wrote {args.json} (and .md){pictures}", flush=True)
+    print(f"best: {best}; wrote {cfg.json} (and .md){pictures}", flush=True)
