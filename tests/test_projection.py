@@ -1,4 +1,4 @@
-"""The roofline projection (bench/projection.py), the devices table and the validation rows."""
+"""The roofline projection (bench/common/projection.py), the devices table and the validation rows."""
 import dataclasses
 
 import pytest

@@ -2,7 +2,7 @@
 
     specdrive timeline RUN/cycles.jsonl [--out DIR]
 
-What it measures and writes: bench/timeline.py (the library this command calls).
+What it measures and writes: bench/profiling/timeline.py (the library this command calls).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     --latency measured              the planner runs on the wall clock (runtime.budget.wall_ms)
     --latency DEVICE:PRESET         every engine call the cycle makes is priced by the roofline
-                                    projection (bench/projection.py) of PRESET's shapes on DEVICE
+                                    projection (bench/common/projection.py) of PRESET's shapes on DEVICE
                                     (configs/devices.yaml), int8, and a virtual clock advances by it
 
 A simulated cycle runs the shipped models for its decisions (tokens, acceptance, the trajectory)

@@ -1,9 +1,9 @@
-"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/projection.py) (the library of tools/roofline.py)
+"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/common/projection.py) (the library of tools/roofline.py)
 
 Prints per-stage projected ms for plain and speculative decoding, whether the cycle fits the
 budget (and whether the budget's premise, vision + prefill + trajectory + margin, holds), and
 the remedies that would make it fit. `--device cpu` measures this CPU's peaks first
-(bench/microbench.py); `--validate` compares the projection with a `specdrive profile` run's
+(bench/roofline/microbench.py); `--validate` compares the projection with a `specdrive profile` run's
 measured calls (ratio per stage). `--memory` adds the memory report.
 """
 from __future__ import annotations

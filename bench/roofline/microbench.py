@@ -45,7 +45,7 @@ def copy_gbps(mb: int = 256, repeats: int = 5) -> float:
 
 def measure_cpu(threads: int = 1) -> dict:
     return {"matmul_gflops": round(matmul_gflops(threads=threads), 2), "copy_gbps": round(copy_gbps(), 2),
-            "threads": threads, "how": "bench/microbench.py: fp32 torch.mm 1024^3 (best of 5), "
+            "threads": threads, "how": "bench/roofline/microbench.py: fp32 torch.mm 1024^3 (best of 5), "
                                       "numpy copy of 256 MiB (best of 5, read + write bytes)"}
 
 

@@ -12,7 +12,7 @@ accepted by lookup and by the draft model, frames reused, cycles whose reasoning
 decoding's (every cycle is checked) and the largest trajectory difference, and the cycle
 speedup over plain decoding without reuse (p50 over p50, same run). The budget is off so every
 mode decodes the same text. Per speculative mode also alpha on routine and on commitment tokens
-(bench/accept_map.py: accepted / judged proposals, the first rejection of a step included; the
+(bench/common/accept_map.py: accepted / judged proposals, the first rejection of a step included; the
 routine clauses of each cycle's own reasoning by the language's grammar), the runtime's
 acceptance on the drive's cycles, also split by phase (cycles whose label names a cause against
 clear-road cycles, `phase_of`) and by the drive's family. `--modes` runs a subset (plain always:
