@@ -109,12 +109,13 @@ def closed_loop(scen, expert_world: np.ndarray, first: int, last: int, planner, 
             plan, origin = np.asarray(res.trajectory, np.float64), n
         nxt = max(force, n + 1)
         advance(ego, min(force, last), min(nxt, last), plan, origin)
-        cycles.append(cycle_record(res, n, force, latency, ego[n]))
+        cycles.append(loop_record(res, n, force, latency, ego[n]))
         n = nxt
     return ego, cycles
 
 
-def cycle_record(res, start: int, force: int, latency: float, origin) -> dict:
+def loop_record(res, start: int, force: int, latency: float, origin) -> dict:
+    """One closed-loop cycle: when it started, when its plan took over, its latency and plan."""
     traj = None if res.trajectory is None else np.round(np.asarray(res.trajectory, float), 3).tolist()
     return {"start": start, "in_force": force, "latency_ms": round(latency, 3), "source": res.source,
             "flags": list(res.flags), "coc": res.reasoning, "origin": np.round(origin, 4).tolist(),
