@@ -88,6 +88,11 @@ class ModelSource:
     eager: bool = False
     threads: int = 0              # engine CPU threads (onnxruntime; torch's are set by the tools)
 
+    def __post_init__(self):
+        if self.preset is not None and self.random_init is None:
+            raise ConfigError("--preset needs --random-init SEED (random weights); "
+                              "trained models come with --checkpoint DIR")
+
 
 def read_manifest(folder: Path, backend: str) -> dict:
     """DIR/manifest.json of `specdrive engines build`, refused unless it lists built engines (a

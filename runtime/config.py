@@ -5,10 +5,11 @@ differ per engine) and are read by `load_planner_config`, which goes through pro
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, check_choice, check_range, check_types, load_named
+from prompt.config import ConfigError, check_choice, check_range, check_types, from_dict, load_named
 from prompt.graphs import SHAPES
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "planner"
@@ -179,3 +180,18 @@ class PlannerConfig:
 def load_planner_config(name_or_path: str | Path) -> PlannerConfig:
     """A profile name (configs/planner/NAME.yaml) or a YAML path -> PlannerConfig."""
     return load_named(PlannerConfig, name_or_path, PRESET_DIR, "planner profile", "profiles", empty_ok=False)
+
+
+def with_overrides(cfg: PlannerConfig, overrides: dict, where: str = "overrides") -> PlannerConfig:
+    """`cfg` with a nested dict of changes merged in, re-built and re-validated by the dataclasses:
+    with_overrides(cfg, {"spec": {"k": 8, "adaptive": False}, "budget": {"budget_ms": 0.0}}) keeps
+    every other field of spec and budget. An unknown key is a ConfigError naming it (and `where`)."""
+    return from_dict(PlannerConfig, _merged(dataclasses.asdict(cfg), overrides), where)
+
+
+def _merged(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merged(base[key], value) if nested else value
+    return out

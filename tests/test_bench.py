@@ -14,11 +14,11 @@ from runtime.loop import StepRecord
 from table_backend import TableBackend
 from runtime.budget import FakeClock
 from runtime.config import PlannerConfig
-from bench.sources import default_tokenizer
-from bench import accept_map
-from bench.command import bench_scenes
-from bench.run import BenchConfig, make_modes, run_bench
-from bench.stats import ideal_speedup, loss_factors
+from bench.common.sources import default_tokenizer
+from bench.common import accept_map
+from bench.speedup.command import bench_scenes
+from bench.speedup.measure import BenchConfig, make_modes, run_bench
+from bench.common.stats import ideal_speedup, loss_factors
 
 T_VERIFY, T_PER_TOKEN, T_DRAFT = 10.0, 0.5, 1.0     # ms: verify(w) = 10 + 0.5 (w - 1); draft 1 per token
 
@@ -198,7 +198,7 @@ def test_bad_bench_config_names_the_value():
 
 
 def test_issue_bar_needs_speed_identity_and_efficiency():
-    from bench.report import criterion
+    from bench.speedup.report import criterion
 
     def rec(speedup, eff, fraction):
         mode = {"name": "flat k=8", "decode_speedup": {"all": speedup}, "efficiency": eff,

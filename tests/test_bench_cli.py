@@ -15,7 +15,7 @@ from models.config import DraftConfig, load_preset
 from models.draft import Draft
 from models.target import Target
 from models.io import with_tokenizer
-from bench.sources import default_tokenizer
+from bench.common.sources import default_tokenizer
 from tools import bench
 
 FAST = ["--scenes", "2", "--repeats", "2", "--warmup", "1", "--ks", "2", "--max-reasoning", "6"]
@@ -109,5 +109,5 @@ def test_add_parser_registers_the_bench_subcommand():
     parser = argparse.ArgumentParser(prog="specdrive")
     bench.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--checkpoint", "ckpt", "--json", "out.json"])
-    assert (args.run.__module__, args.run.__name__) == ("bench.command", "run")
-    assert (args.ks, args.repeats, args.scenes, args.threads) == ("4,8", 3, 16, 1)
+    assert (args.run.__module__, args.run.__name__) == ("tools.bench", "run")
+    assert (args.ks, args.repeats, args.scenes, args.threads) == ((4, 8), 3, 16, 1)

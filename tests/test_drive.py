@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bench.drive import MODES, closed_loop, in_force_step, mode_config
-from bench.drive_latency import parse_latency
+from bench.closed_loop.loop import MODES, closed_loop, in_force_step, mode_config
+from bench.closed_loop.latency import parse_latency
 from prompt.config import ConfigError
 from runtime.config import load_planner_config
 from scenes.agents import GREEN, RED, Agent, light_schedule, static
-from scenes.closed_loop import drive_metrics, hold_plan, line_violations
+from bench.closed_loop.ego_path import drive_metrics, hold_plan, line_violations
 from scenes.config import DT, EGO_LENGTH, LANE_WIDTH, N_STEPS, T_START
 from scenes.drive import history_at, simulate_scenario
 from scenes.families import Scenario, ego_path, straight_road
@@ -145,7 +145,7 @@ def test_an_unknown_latency_spec_names_the_allowed_ones(spec, named):
 
 
 def test_budgets_are_one_for_all_latency_specs_or_one_each():
-    from bench.drive import parse_budgets
+    from bench.closed_loop.loop import parse_budgets
 
     assert parse_budgets("250", 2) == [250.0, 250.0] and parse_budgets("250,700", 2) == [250.0, 700.0]
     for bad in ("-1", "nan", "1,2,3", "fast"):
@@ -174,7 +174,8 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
 # --- the simulated latency on the shipped checkpoint ----------------------------------------------
 @pytest.fixture(scope="module")
 def shipped():
-    from bench.drive import drive_cases, open_backends
+    from bench.closed_loop.command import open_backends
+    from bench.closed_loop.loop import drive_cases
 
     base = load_planner_config("cpu")
     tok, backends = open_backends(ROOT / "checkpoints" / "tiny", base, ["speculative"], 250.0)
@@ -183,8 +184,8 @@ def shipped():
 
 
 def test_simulated_latency_is_the_sum_of_the_priced_calls_and_repeats_exactly(shipped):
-    from bench.drive import run_case
-    from bench.drive_latency import PricedBackend
+    from bench.closed_loop.loop import run_case
+    from bench.closed_loop.latency import PricedBackend
     from runtime.budget import FakeClock
     from runtime.planner import Planner
 
@@ -196,7 +197,7 @@ def test_simulated_latency_is_the_sum_of_the_priced_calls_and_repeats_exactly(sh
     assert runs[0]["cycle_log"] == runs[1]["cycle_log"] and runs[0]["cycles"] >= 1
     clock = FakeClock()
     priced = PricedBackend(backends["flat"], lat.pricer, clock, with_draft=True)
-    from bench.drive import render
+    from bench.closed_loop.loop import render
     images, history = render(case.scenario, np.asarray(case.expert_world), case.first)
     res = Planner(priced, tok, cfg, clock=clock).plan(images, history)
     names = [n for n, _ in priced.calls]
@@ -208,7 +209,7 @@ def test_simulated_latency_is_the_sum_of_the_priced_calls_and_repeats_exactly(sh
 
 
 def test_the_budget_cuts_in_simulated_time(shipped):
-    from bench.drive import run_case
+    from bench.closed_loop.loop import run_case
 
     base, tok, backends, case = shipped
     lat = parse_latency("orin-agx-64:edge-2b", base)
@@ -223,8 +224,8 @@ def test_reuse_through_the_priced_backend_is_exact_and_prices_only_the_new_frame
     """Along the expert's path (open loop, so both planners see the same frames) the reuse mode's
     reasoning equals the plain speculative mode's on every cycle, and once the t - 0.5 s frames
     were seen 5 cycles earlier, vision is priced for the 4 new frames of 8 only."""
-    from bench.drive import render
-    from bench.drive_latency import PricedBackend
+    from bench.closed_loop.loop import render
+    from bench.closed_loop.latency import PricedBackend
     from runtime.budget import FakeClock
     from runtime.planner import Planner
 

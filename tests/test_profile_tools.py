@@ -4,7 +4,7 @@ import json
 import pytest
 
 from runtime.trace import Range
-from bench import profile_report, timeline
+from bench.profiling import report as profile_report, timeline
 
 
 def ranges():

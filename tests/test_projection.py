@@ -1,4 +1,4 @@
-"""The roofline projection (bench/projection.py), the devices table and the validation rows."""
+"""The roofline projection (bench/common/projection.py), the devices table and the validation rows."""
 import dataclasses
 
 import pytest
@@ -6,8 +6,9 @@ import pytest
 from models.config import load_preset
 from models.sizes import param_counts
 from prompt.config import ConfigError
-from bench.projection import Device, Shapes, Workload, memory_report, project, prompt_tokens, remedies, stage_costs
-from bench.roofline import load_devices, validate
+from bench.common.projection import Device, Shapes, Workload, memory_report, project, prompt_tokens, remedies, stage_costs
+from bench.common.devices import load_devices
+from bench.roofline.command import validate
 
 DEV = Device(title="test", dram_gbps=100.0, memory_gb=8, fp32_tflops=1.0, fp16_tflops=10.0, int8_tops=20.0,
              compute_efficiency=1.0, memory_efficiency=1.0)

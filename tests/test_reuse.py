@@ -252,13 +252,13 @@ def test_reuse_settings_load_from_a_profile_and_are_checked():
 def test_the_projection_of_a_drive_encodes_new_frames_only_and_prices_lookup_steps_without_a_draft():
     import math
 
-    from bench.projection import Device, Workload, drive, project
+    from bench.common.projection import Device, Workload, drive_cycle, project
     from models.config import load_preset
 
     cfg = load_preset("alpamayo-r1-10b")
     dev = Device("test", dram_gbps=200.0, memory_gb=64.0, fp32_tflops=5.0, fp16_tflops=50.0, int8_tops=100.0)
     w = Workload(images=16, k=4, tau=3.0, reasoning_tokens=30, precision="int8")
-    snap, d0, d1 = project(cfg, dev, w), drive(cfg, dev, w, 4, 0.0), drive(cfg, dev, w, 4, 1.0)
+    snap, d0, d1 = project(cfg, dev, w), drive_cycle(cfg, dev, w, 4, 0.0), drive_cycle(cfg, dev, w, 4, 1.0)
     assert d0["stages_ms"]["vision"] < snap["stages_ms"]["vision"]
     assert d0["stages_ms"]["prefill"] == snap["stages_ms"]["prefill"]      # the prompt still has 16 images
     steps, st = math.ceil(30 / 3.0), d1["stages_ms"]

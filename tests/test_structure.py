@@ -277,3 +277,64 @@ def test_the_py310_check_covers_every_python_file():
              if f.suffix == ".py" and not any(part.startswith(".") for part in f.relative_to(ROOT).parts)]
     outside = [f.as_posix() for f in files if f.parts[0] not in tree]
     assert len(files) > 150 and not outside, f"Python files the 3.10 check does not see: {outside}"
+
+
+# --- one way to configure a run (issue 34): libraries take typed configs, never a Namespace -------
+LIBRARIES = ("prompt", "scenes", "models", "runtime", "train", "export", "calibration", "engines", "bench")
+
+
+def namespace_params(tree) -> list[tuple[int, str, str]]:
+    """(line, function, parameter) of every parameter annotated `Namespace` / `argparse.Namespace`,
+    and of every unannotated parameter named `args` used as a Namespace (an attribute read from it,
+    or vars(args) / getattr(args, ...))."""
+    hits = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        name = getattr(fn, "name", "<lambda>")
+        for p in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]:
+            note = ast.unparse(p.annotation) if p.annotation is not None else ""
+            if re.search(r"\bNamespace\b", note) or (p.arg == "args" and not note and _used_as_namespace(fn, p.arg)):
+                hits.append((fn.lineno, name, p.arg))
+    return hits
+
+
+def _used_as_namespace(fn, arg: str) -> bool:
+    def is_arg(node) -> bool:
+        return isinstance(node, ast.Name) and node.id == arg
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Attribute) and is_arg(node.value):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("vars", "getattr") \
+                and node.args and is_arg(node.args[0]):
+            return True
+    return False
+
+
+PLANTED = '''
+import argparse
+def run(args):
+    return args.out
+def typed(ns: argparse.Namespace): ...
+def quoted(ns: "Namespace"): ...
+def spread(*args):
+    return args[0]
+def a_tuple(args: tuple):
+    return args.count(1)
+def passed_on(args):
+    return vars(args)
+def keyword(*, args=None):
+    return getattr(args, "out", None)
+'''
+
+
+def test_the_namespace_checker_finds_planted_namespaces():
+    found = [(fn, p) for _, fn, p in namespace_params(ast.parse(PLANTED))]
+    assert found == [("run", "args"), ("typed", "ns"), ("quoted", "ns"), ("passed_on", "args"), ("keyword", "args")]
+
+
+def test_no_library_function_takes_an_argparse_namespace():
+    """tools/ turns arguments into typed configs (frozen dataclasses); the libraries take those."""
+    hits = [f"{f.relative_to(ROOT)}:{line}: {fn}({p})"
+            for f, text in sources(LIBRARIES) for line, fn, p in namespace_params(ast.parse(text, str(f)))]
+    assert not hits, "library functions taking an argparse Namespace (take a typed config):\n" + "\n".join(hits)

@@ -3,8 +3,12 @@ the argument, the value and what is allowed) before any work starts."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from pathlib import Path
+
+from runtime.artifacts import ModelSource
+from runtime.backend import BACKENDS
 
 
 def count(lo: int = 0):
@@ -55,3 +59,43 @@ def out_file(text: str) -> Path:
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path")
     return p
+
+
+def int_list(lo: int | None = None, hi: int | None = None):
+    """A comma list of ints ("4,8"), each in [lo, hi] where given."""
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            out = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated integers, e.g. 4,8") from None
+        bad = [n for n in out if (lo is not None and n < lo) or (hi is not None and n > hi)]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad[0]} in {text!r} is out of range; allowed {lo}..{hi}")
+        return out
+    return parse
+
+
+def add_source_args(p: argparse.ArgumentParser, checkpoint_help: str = "checkpoint folder (meta.json kind "
+                    "planner/target)") -> None:
+    """--checkpoint | --engines | --preset (+ --random-init): what a command runs; --backend."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help=checkpoint_help)
+    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
+    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
+    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (with --preset)")
+    p.add_argument("--backend", default=None, choices=list(BACKENDS))
+
+
+def model_source(args: argparse.Namespace) -> ModelSource:
+    """The ModelSource of the parsed add_source_args arguments and --draft, --device, --eager,
+    --threads (ModelSource checks that --preset comes with --random-init)."""
+    return ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
+                       random_init=args.random_init, backend=args.backend, draft=getattr(args, "draft", None),
+                       device=args.device, eager=args.eager, threads=args.threads)
+
+
+def config_of(cls, args: argparse.Namespace):
+    """The dataclass `cls` from the parsed arguments of the same names (its other fields keep
+    their defaults): for commands whose arguments are their config's fields, one for one."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names})

@@ -6,7 +6,8 @@
                     --json OUT [--plot PNG] [--accept-plot PNG]
     specdrive bench ... --drives DIR [--drive-count N] [--cycles C] [--modes M,..] --json OUT
 
-What it measures and writes: bench/command.py (the library this command calls).
+What it measures and writes: bench/speedup/ (snapshots) and bench/whole_drives/ (--drives), the
+libraries this command calls with a typed config (speedup_run, drives_run below).
 """
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import command
+from bench.speedup import command as speedup
+from bench.speedup.command import BenchRun
+from bench.speedup.measure import BenchConfig
+from bench.whole_drives import command as whole_drives
+from bench.whole_drives.command import DrivesRun
+from bench.whole_drives.measure import DriveBenchConfig
 from prompt.config import ConfigError
+from tools.argtypes import add_source_args, count, int_list, model_source
 
 
 def add_parser(subparsers) -> None:
@@ -25,20 +32,14 @@ def add_parser(subparsers) -> None:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="trained planner folder (tokenizer.json, target, "
-                     "expert, one or more drafts)")
-    src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
-    src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml or a path")
-    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (--preset)")
+    add_source_args(p, checkpoint_help="trained planner folder (tokenizer.json, target, expert, one or more drafts)")
     p.add_argument("--drafts", default=None, help="comma list: with --checkpoint the draft variants to "
                    "run (default all); with --preset any of self, noised:SIGMA, routine "
                    "(default self,noised:0.02)")
-    p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm"])
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
-    p.add_argument("--ks", default="4,8", help="fixed draft lengths, comma separated (default 4,8)")
+    p.add_argument("--ks", type=int_list(), default=(4, 8), help="fixed draft lengths, comma separated (default 4,8)")
     p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-k modes")
     p.add_argument("--scenes", type=int, default=16, help="synthetic scenes (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first scene")
@@ -50,20 +51,54 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=float, default=None, help="cycles longer than this count as "
                    "deadline misses (default: the profile's budget_ms)")
     p.add_argument("--max-reasoning", type=int, default=None, help="reasoning tokens per cycle at most")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads of this process (0 = torch's "
+    p.add_argument("--threads", type=count(0), default=1, help="torch CPU threads of this process (0 = torch's "
                    "default); 1 keeps timings steady on a shared machine")
     p.add_argument("--json", type=Path, required=True, help="where the bench record goes")
     p.add_argument("--plot", type=Path, help="speedup plot (default: OUT with .png)")
     p.add_argument("--accept-plot", type=Path, help="where-accepted picture (default: OUT_accept.png)")
     p.add_argument("--picture-scene", type=int, default=0, help="scene index of the where-accepted picture")
     p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
-                   "through plain, speculative and reuse modes instead of snapshots (bench/drives.py)")
+                   "through plain, speculative and reuse modes instead of snapshots (bench/whole_drives/)")
     p.add_argument("--drive-count", type=int, default=4, help="drives of the split to run (--drives; default 4)")
     p.add_argument("--cycles", type=int, default=0, help="cycles per drive at most (--drives; default 0 = whole "
                    "drives: 3 s of a drive can end before its event)")
     p.add_argument("--modes", help="comma list of drive modes to run besides plain (--drives; default all: "
                    "plain+vision, spec, spec+vision, spec+vision+lookup)")
-    p.set_defaults(run=command.run)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The parsed arguments -> the typed config of one bench or one drives bench -> its library."""
+    if args.drives is not None:     # whole drives, reuse against none
+        return whole_drives.run(drives_run(args))
+    return speedup.run(speedup_run(args))
+
+
+def speedup_run(args: argparse.Namespace) -> BenchRun:
+    measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, repeats=args.repeats,
+                          warmup=args.warmup, ks=args.ks, adaptive=not args.no_adaptive, budget_ms=args.budget_ms,
+                          max_reasoning_tokens=args.max_reasoning, picture_scene=args.picture_scene)
+    return BenchRun(source=model_source(args), measure=measure, json=args.json, drafts=args.drafts,
+                    profile=args.profile, deadline_ms=args.deadline_ms, threads=args.threads, plot=args.plot,
+                    accept_plot=args.accept_plot, command=command_line(args))
+
+
+def drives_run(args: argparse.Namespace) -> DrivesRun:
+    measure = DriveBenchConfig(drives=args.drive_count, cycles=args.cycles or None, split=args.split,
+                               warmup=args.warmup, k=args.ks[0] if args.no_adaptive and args.ks else None,
+                               max_reasoning_tokens=args.max_reasoning,
+                               modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None)
+    return DrivesRun(source=model_source(args), drives_dir=args.drives, measure=measure, json=args.json,
+                     drafts=args.drafts, profile=args.profile, threads=args.threads, command=command_line(args))
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """How to rerun this bench: `specdrive bench` and the arguments it was given."""
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        argv = sys.argv[1:]
+        argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
+    return " ".join(["specdrive bench", *argv])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return command.run(args)
+        return run(args)
     except ConfigError as e:
         parser.exit(2, f"specdrive bench: error: {e}\n")
 

@@ -30,7 +30,7 @@ def _subcommands():
         "export": "tools.export:add_parser",
         "engines": "tools.engines:add_parser",
         "calibrate": "tools.calibrate:add_parser",
-        "drive": "tools.drive:add_parser",
+        "drive": "tools.closed_loop:add_parser",
     }
 
 

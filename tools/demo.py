@@ -8,7 +8,10 @@ runs random-weight models, whose reasoning is noise: the loop, budget and pictur
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+
+from tools.argtypes import out_folder
 
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny"
 
@@ -16,7 +19,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny"
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="run the planner on the shipped checkpoint (CPU) and draw it",
                               description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("out/demo"))
+    p.add_argument("--out", type=out_folder, default=Path("out/demo"))
     p.add_argument("--cycles", type=int, default=24, help="planning cycles (test scenes)")
     p.add_argument("--seed", type=int, default=1000, help="seed of the synthetic test scenes")
     p.add_argument("--checkpoint", type=Path, default=SHIPPED)
@@ -40,8 +43,12 @@ def draw_scenes(out: Path, seed: int, n: int = 3) -> list[Path]:
     return paths
 
 
-def run(args) -> int:
-    from tools.cli import UsageError, main
+def run(args: argparse.Namespace) -> int:
+    from bench.common.sources import SceneSource
+    from bench.plan.command import PlanRun
+    from bench.plan.command import run as plan
+    from runtime.artifacts import ModelSource
+    from tools.cli import UsageError
 
     if args.cycles < 1:
         raise UsageError(f"--cycles={args.cycles} must be >= 1")
@@ -50,13 +57,13 @@ def run(args) -> int:
     pictures = draw_scenes(args.out / "scenes", args.seed)
     print(f"scene pictures: {', '.join(str(p) for p in pictures)}", flush=True)
     if shipped_ready(args.checkpoint):
-        models = ["--checkpoint", str(args.checkpoint)]
+        source = ModelSource(checkpoint=args.checkpoint, threads=1)
     else:
         print(f"NOTE: no trained checkpoint in {args.checkpoint} (no tokenizer.json); running "
               "random-weight models of the tiny preset: the reasoning text is noise.", flush=True)
-        models = ["--preset", "tiny", "--random-init", "0"]
-    code = main(["plan", *models, "--scenes", str(args.cycles), "--seed", str(args.seed),
-                 "--split", "test", "--out", str(args.out)])
+        source = ModelSource(preset="tiny", random_init=0, threads=1)
+    code = plan(PlanRun(source=source, scenes=SceneSource(scenes=args.cycles, seed=args.seed, split="test"),
+                        out=args.out))
     print(f"log: {args.out / 'cycles.jsonl'}  summary: {args.out / 'summary.json'}  "
           f"pictures: {args.out}/cycle_*.svg", flush=True)
     return code

@@ -4,14 +4,15 @@
                       [--profile cpu] [--cycles N] [--warmup W] [--threads T] [--device cpu|cuda]
                       [--no-nsys] --out DIR
 
-What it measures and writes: bench/profile_run.py (the library this command calls).
+What it measures and writes: bench/profiling/ (the library this command calls with a ProfileRun).
 """
 from __future__ import annotations
 
+import argparse
+import sys
 
-from bench import profile_run
-from bench.sources import add_source_args
-from tools.argtypes import count, out_folder
+from bench.profiling import command as profiling
+from tools.argtypes import add_source_args, count, model_source, out_folder
 
 
 def add_parser(subparsers) -> None:
@@ -19,15 +20,26 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     add_source_args(p)
     p.add_argument("--draft", default=None, help="draft variant, 'self' or 'none' (plain decoding)")
-    p.add_argument("--backend", default=None, choices=["torch", "onnxruntime", "tensorrt", "tensorrt-llm"])
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml")
     p.add_argument("--cycles", type=count(1), default=16, help="measured cycles, one per synthetic scene")
     p.add_argument("--warmup", type=count(0), default=2, help="cycles before the capture range")
     p.add_argument("--seed", type=int, default=0, help="first synthetic scene")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
-    p.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (bench/threads.py)")
+    p.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (bench/common/threads.py)")
     p.add_argument("--no-nsys", action="store_true", help="record the ranges here even where nsys is")
     p.add_argument("--nvtx", action="store_true", help="also emit NVTX ranges (set for the child of nsys)")
     p.add_argument("--out", type=out_folder, required=True)
-    p.set_defaults(run=profile_run.run)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return profiling.run(profile_run(args))
+
+
+def profile_run(args: argparse.Namespace) -> profiling.ProfileRun:
+    """The parsed arguments -> the typed config of one profile run (argv: what nsys reruns)."""
+    argv = tuple(sys.argv[sys.argv.index("profile") + 1:]) if "profile" in sys.argv else ()
+    return profiling.ProfileRun(source=model_source(args), out=args.out, profile=args.profile, cycles=args.cycles,
+                                warmup=args.warmup, seed=args.seed, threads=args.threads,
+                                no_nsys=args.no_nsys, nvtx=args.nvtx, argv=argv)

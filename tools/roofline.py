@@ -1,17 +1,18 @@
-"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/projection.py)
+"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/common/projection.py)
 
     specdrive roofline --preset alpamayo-r1-10b|edge-2b|tiny --device orin-agx-64|thor|...|cpu
                        [--precision int8] [--k 4 --tau 3.0] [--profile orin] [--budget-ms 100]
                        [--memory] [--validate PROFILE.json] [--json OUT]
 
-What it measures and writes: bench/roofline.py (the library this command calls).
+What it measures and writes: bench/roofline/ (the library this command calls with a RooflineRun).
 """
 from __future__ import annotations
 
+import argparse
 
-from bench import roofline
-from bench.projection import PRECISIONS
-from tools.argtypes import count, finite_ms, input_file, out_file
+from bench.common.projection import PRECISIONS
+from bench.roofline import command as roofline
+from tools.argtypes import config_of, count, finite_ms, input_file, out_file
 
 
 def add_parser(subparsers) -> None:
@@ -38,4 +39,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--memory", action="store_true", help="add the memory report")
     p.add_argument("--validate", type=input_file, help="a `specdrive profile` stats.json: measured / projected")
     p.add_argument("--json", type=out_file, help="write the result here")
-    p.set_defaults(run=roofline.run)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return roofline.run(config_of(roofline.RooflineRun, args))

@@ -3,13 +3,16 @@
     specdrive trajectory-cost --checkpoint DIR [--scenes N --seed S] [--steps 2,4,6,10]
                               [--samples 1,2,4,8] [--repeats R] --json OUT [--plot PNG]
 
-What it measures and writes: bench/trajectory_cost.py (the library this command calls).
+What it measures and writes: bench/trajectory_cost/ (the library this command calls with a
+TrajectoryCostRun).
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from bench import trajectory_cost
+from bench.trajectory_cost import command as trajectory_cost
+from tools.argtypes import config_of, count, int_list
 
 
 def add_parser(subparsers) -> None:
@@ -20,11 +23,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--scenes", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="test")
-    p.add_argument("--steps", default="2,4,6,10", help="Euler steps, comma separated")
-    p.add_argument("--samples", default="1,2,4,8", help="expert draws per trajectory, comma separated")
+    p.add_argument("--steps", type=int_list(), default=(2, 4, 6, 10), help="Euler steps, comma separated")
+    p.add_argument("--samples", type=int_list(), default=(1, 2, 4, 8), help="expert draws per trajectory, comma separated")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per setting and scene (the least "
                    "counts: other processes only ever add time)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (as specdrive bench; 0 = torch's default)")
+    p.add_argument("--threads", type=count(0), default=1, help="torch CPU threads (as specdrive bench; 0 = torch's default)")
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--plot", type=Path, help="ADE against ms (default: OUT with .png)")
-    p.set_defaults(run=trajectory_cost.run)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return trajectory_cost.run(config_of(trajectory_cost.TrajectoryCostRun, args))

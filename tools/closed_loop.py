@@ -3,14 +3,15 @@
     specdrive drive [--checkpoint DIR] [--drives DIR|N] [--modes plain,speculative,...]
                     [--latency measured|DEVICE:PRESET[,...]] [--budget-ms B] [--seconds S] --out DIR
 
-What it runs, measures and writes: bench/drive.py (the library this command calls).
+What it runs, measures and writes: bench/closed_loop/ (the library this command calls with a
+ClosedLoopRun).
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from tools.argtypes import count, finite_ms, out_folder
+from tools.argtypes import config_of, count, finite_ms, out_folder
 
 
 def drives_arg(text: str):
@@ -36,7 +37,7 @@ def seconds_arg(text: str) -> float:
 
 
 def add_parser(subparsers) -> None:
-    from bench.drive import DEFAULT_BUDGET_MS, MODES
+    from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES
 
     p = subparsers.add_parser("drive", help="closed-loop drives: metrics, tables and GIFs per mode and latency",
                               description=__doc__.splitlines()[0])
@@ -60,6 +61,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=_run)
 
 
-def _run(args) -> int:
-    from bench import drive
-    return drive.run(args)
+def _run(args: argparse.Namespace) -> int:
+    from bench.closed_loop import command
+    return command.run(config_of(command.ClosedLoopRun, args))

@@ -12,13 +12,13 @@ import time
 
 import numpy as np
 
-from bench.projection import Device
+from bench.common.projection import Device
 
 
 def matmul_gflops(n: int = 1024, repeats: int = 5, threads: int = 1) -> float:
     import torch
 
-    from bench.threads import torch_threads
+    from bench.common.threads import torch_threads
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     best = float("inf")
@@ -45,7 +45,7 @@ def copy_gbps(mb: int = 256, repeats: int = 5) -> float:
 
 def measure_cpu(threads: int = 1) -> dict:
     return {"matmul_gflops": round(matmul_gflops(threads=threads), 2), "copy_gbps": round(copy_gbps(), 2),
-            "threads": threads, "how": "bench/microbench.py: fp32 torch.mm 1024^3 (best of 5), "
+            "threads": threads, "how": "bench/roofline/microbench.py: fp32 torch.mm 1024^3 (best of 5), "
                                       "numpy copy of 256 MiB (best of 5, read + write bytes)"}
 
 

@@ -1,6 +1,6 @@
-"""`specdrive drive`: closed-loop drives, where a late plan is followed late. (the library of tools/drive.py)
+"""`specdrive drive`: closed-loop drives, where a late plan is followed late. (the library of tools/closed_loop.py)
 
-Closed loop (scenes/closed_loop.py moves the ego and scores the path):
+Closed loop (bench/closed_loop/ego_path.py moves the ego and scores the path):
     - before the first cycle the ego is where the expert was (the first history is the expert's);
       until the first plan arrives it holds its speed and heading ("hold-speed start")
     - a cycle starts at grid step n (time t_n) and sees the cameras and history of the path the
@@ -15,20 +15,19 @@ Modes are rows of MODES (name -> PlannerConfig overrides on the cpu profile); a 
 runs on the target without a draft, the others on the shipped flat draft. The budget modes take
 `--budget-ms` (their vision / prefill priors are zero: warm-up measures them, in the latency's
 time). Outputs under OUT/LATENCY: drives.json (every drive x mode: metrics, cycles), table.md,
-and a GIF per drive with one panel per mode (bench/drive_gif.py).
+and a GIF per drive with one panel per mode (bench/closed_loop/gif.py). The command itself
+(backends, outputs): bench/closed_loop/command.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError, from_dict
-from runtime.config import PlannerConfig, load_planner_config
-from scenes.closed_loop import compose, drive_metrics, hold_plan, plan_step, speeds
+from prompt.config import ConfigError
+from runtime.config import PlannerConfig, with_overrides
+from bench.closed_loop.ego_path import compose, drive_metrics, hold_plan, plan_step, speeds
 from scenes.config import DT
 
 BUDGET = "BUDGET"           # filled with --budget-ms
@@ -50,13 +49,9 @@ def mode_config(base: PlannerConfig, mode: str, budget_ms: float) -> PlannerConf
     """The profile with one mode's overrides (re-validated by the dataclasses)."""
     if mode not in MODES:
         raise ConfigError(f"--modes: {mode!r} is not a mode; modes: {list(MODES)}")
-    d = dataclasses.asdict(base)
-    for key, value in MODES[mode].items():
-        if isinstance(value, dict):
-            d[key] = {**d[key], **{k: budget_ms if v == BUDGET else v for k, v in value.items()}}
-        else:
-            d[key] = value
-    return from_dict(PlannerConfig, d, f"mode {mode}")
+    changes = {key: {k: budget_ms if v == BUDGET else v for k, v in value.items()} if isinstance(value, dict)
+               else value for key, value in MODES[mode].items()}
+    return with_overrides(base, changes, f"mode {mode}")
 
 
 def parse_modes(text: str) -> list[str]:
@@ -114,12 +109,13 @@ def closed_loop(scen, expert_world: np.ndarray, first: int, last: int, planner, 
             plan, origin = np.asarray(res.trajectory, np.float64), n
         nxt = max(force, n + 1)
         advance(ego, min(force, last), min(nxt, last), plan, origin)
-        cycles.append(cycle_record(res, n, force, latency, ego[n]))
+        cycles.append(loop_record(res, n, force, latency, ego[n]))
         n = nxt
     return ego, cycles
 
 
-def cycle_record(res, start: int, force: int, latency: float, origin) -> dict:
+def loop_record(res, start: int, force: int, latency: float, origin) -> dict:
+    """One closed-loop cycle: when it started, when its plan took over, its latency and plan."""
     traj = None if res.trajectory is None else np.round(np.asarray(res.trajectory, float), 3).tolist()
     return {"start": start, "in_force": force, "latency_ms": round(latency, 3), "source": res.source,
             "flags": list(res.flags), "coc": res.reasoning, "origin": np.round(origin, 4).tolist(),
@@ -196,54 +192,3 @@ def run_case(case: DriveCase, mode: str, cfg: PlannerConfig, latency, backends: 
     return {"drive": case.name, "seed": case.seed, "family": case.family, "mode": mode,
             "latency": latency.spec, "metrics": metrics, **summary(cycles), "premise": premise,
             "ego_world": np.round(ego[case.first: case.last + 1], 4).tolist(), "cycle_log": cycles}
-
-
-def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget_ms: float) -> tuple:
-    """(tokenizer, {"plain": backend without a draft, "flat": the shipped flat draft})."""
-    from bench.sources import default_tokenizer
-    from runtime.artifacts import ModelSource, open_backend
-
-    kinds = {"flat" if mode_config(cfg, m, budget_ms).spec.k > 0 else "plain" for m in modes}
-    out, tok = {}, None
-    for kind in sorted(kinds):
-        src = ModelSource(checkpoint=Path(checkpoint), draft="none" if kind == "plain" else "flat")
-        out[kind], tok = open_backend(src, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
-    return tok, out
-
-
-def run(args) -> int:
-    """The command: every drive x mode x latency spec; JSON, table and GIFs under OUT/LATENCY."""
-    from tqdm import tqdm
-
-    from bench.drive_gif import draw_case
-    from bench.drive_latency import parse_latency
-    from bench.drive_report import table
-    from bench.threads import torch_threads
-
-    base = load_planner_config(args.profile)
-    modes = parse_modes(args.modes)
-    latencies = [parse_latency(s, base) for s in args.latency.split(",")]
-    budgets = parse_budgets(args.budget_ms, len(latencies))
-    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
-    cases = drive_cases(args.drives, args.split, args.seconds, args.seed)
-    tok, backends = open_backends(args.checkpoint, base, modes, budgets[0])
-    for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
-        out = Path(args.out) / lat.label
-        (out / "gif").mkdir(parents=True, exist_ok=True)
-        records = []
-        bar = tqdm(total=len(cases) * len(modes), desc=f"drive {lat.spec}", unit="drive", disable=args.quiet)
-        with torch_threads(args.threads):
-            for case in cases:
-                for m in modes:
-                    records.append(run_case(case, m, cfgs[m], lat, backends, tok))
-                    bar.update()
-        bar.close()
-        text = table(records, modes, lat.spec, budget_ms)
-        (out / "drives.json").write_text(json.dumps({"latency": lat.spec, "budget_ms": budget_ms,
-                                                     "modes": {m: MODES[m] for m in modes},
-                                                     "records": records}) + "\n")
-        (out / "table.md").write_text(text)
-        print(text, flush=True)
-        for case in tqdm(cases[: args.gifs], desc="gifs", unit="gif", disable=args.quiet):
-            draw_case(case, [r for r in records if r["drive"] == case.name], out / "gif" / f"{case.name}.gif")
-    return 0

@@ -11,7 +11,6 @@ longer than `deadline_ms` are counted as misses.
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 import platform
@@ -23,16 +22,16 @@ from tqdm import tqdm
 
 from prompt.config import ConfigError, check_range
 from runtime.budget import wall_ms
-from runtime.config import K_MAX_LIMIT, PlannerConfig
+from runtime.config import K_MAX_LIMIT, PlannerConfig, with_overrides
 from runtime.planner import Planner
-from bench import accept_map
-from bench.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
+from bench.common import accept_map
+from bench.common.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
                                loss_factors, spread)
 
 SCHEMA = "specdrive-bench/1"
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchConfig:
     """What to measure. ks: fixed draft lengths; adaptive: also the adaptive-k policy."""
     scenes: int = 16
@@ -82,7 +81,8 @@ class BenchScene:
 
 
 @dataclass
-class Cycle:
+class TimedCycle:
+    """One measured cycle of one mode: which repeat and scene, the planner's CycleResult."""
     repeat: int
     scene: int
     res: object                 # runtime.cycle.CycleResult
@@ -109,12 +109,11 @@ def mode_config(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> PlannerCon
         k, k_max = (s.k or min(4, s.k_max)), s.k_max
     else:
         k, k_max = mode.k, max(s.k_max, mode.k)
-    spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=k, k_max=k_max, adaptive=mode.adaptive)
-    budget = dataclasses.replace(base.budget, budget_ms=cfg.budget_ms)
-    changes = {"spec": spec, "budget": budget}
+    changes = {"spec": {"decoding": "greedy", "relax_r": 0, "k": k, "k_max": k_max, "adaptive": mode.adaptive},
+               "budget": {"budget_ms": cfg.budget_ms}}
     if cfg.max_reasoning_tokens is not None:
         changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
-    return dataclasses.replace(base, **changes)
+    return with_overrides(base, changes, f"mode {mode.name}")
 
 
 def timed_cycle(planner: Planner, scene: BenchScene):
@@ -136,7 +135,7 @@ def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerCon
                 for m in modes}
     for m in modes:       # first calls; the planner then forgets their timings (Planner.warmup)
         planners[m.name].warmup(scenes[0].images, scenes[0].history, cycles=cfg.warmup)
-    cycles: dict[str, list[Cycle]] = {m.name: [] for m in modes}
+    cycles: dict[str, list[TimedCycle]] = {m.name: [] for m in modes}
     bar = tqdm(total=cfg.repeats * len(scenes) * len(modes), desc="bench cycles", disable=not progress)
     for r in range(cfg.repeats):
         for i, scene in enumerate(scenes):
@@ -144,7 +143,7 @@ def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerCon
                 m.steps.clear()
                 res = timed_cycle(planners[m.name], scene)
                 steps = m.steps[:res.decode.get("steps", 0)]
-                cycles[m.name].append(Cycle(r, i, res, steps))
+                cycles[m.name].append(TimedCycle(r, i, res, steps))
                 bar.update()          # between cycles, outside the timed region
     bar.close()
     return summarize(modes, scenes, cycles, tok, cfg)
@@ -171,14 +170,14 @@ def cycle_speedup(plain_rep: list, per_rep: list) -> dict:
     return {"p50": round(pooled, 4), **spread(p50(a) / p50(b) for a, b in zip(plain_rep, per_rep))}
 
 
-def _ade(mine: list[Cycle], scenes) -> float | None:
+def _ade(mine: list[TimedCycle], scenes) -> float | None:
     """Mean displacement error (m, 6.4 s) of the delivered trajectories against the scenes' futures."""
     errs = [float(np.linalg.norm(c.res.trajectory[:, :2] - scenes[c.scene].future[:, :2], axis=-1).mean())
             for c in mine if c.res.trajectory is not None and scenes[c.scene].future is not None]
     return round(float(np.mean(errs)), 4) if errs else None
 
 
-def _mode_summary(m: Mode, mine: list[Cycle], plain: list[Cycle], t1: float, cfg: BenchConfig,
+def _mode_summary(m: Mode, mine: list[TimedCycle], plain: list[TimedCycle], t1: float, cfg: BenchConfig,
                   scenes) -> dict:
     per_rep = [[c for c in mine if c.repeat == r] for r in range(cfg.repeats)]
     plain_rep = [[c for c in plain if c.repeat == r] for r in range(cfg.repeats)]
@@ -228,16 +227,16 @@ def _spec_terms(m: Mode, steps, tau: float, t1: float, ms, measured) -> dict:
             "factors": factors, "note": limiting_note(m.name, factors, measured or 0.0, ideal, tau, terms["c"])}
 
 
-def _stage(c: Cycle, name: str) -> float:
+def _stage(c: TimedCycle, name: str) -> float:
     return float(c.res.timing.get("stages_ms", {}).get(name, 0.0))
 
 
-def _missed(c: Cycle, cfg: BenchConfig) -> bool:
+def _missed(c: TimedCycle, cfg: BenchConfig) -> bool:
     over = cfg.deadline_ms > 0 and c.res.timing.get("total_ms", 0.0) > cfg.deadline_ms
     return "miss" in c.res.flags or over
 
 
-def _identical(mine: list[Cycle], plain: list[Cycle]) -> dict:
+def _identical(mine: list[TimedCycle], plain: list[TimedCycle]) -> dict:
     """Scenes whose reasoning equals plain decoding's in every repeat."""
     ref = {(c.repeat, c.scene): c.res.reasoning_ids for c in plain}
     bad = {c.scene for c in mine if c.res.reasoning_ids != ref[(c.repeat, c.scene)]}
@@ -246,14 +245,14 @@ def _identical(mine: list[Cycle], plain: list[Cycle]) -> dict:
             "differing_scenes": sorted(bad)}
 
 
-def _traj_diff(mine: list[Cycle], plain: list[Cycle]) -> float | None:
+def _traj_diff(mine: list[TimedCycle], plain: list[TimedCycle]) -> float | None:
     ref = {(c.repeat, c.scene): c.res.trajectory for c in plain}
     diffs = [float(np.abs(c.res.trajectory - ref[(c.repeat, c.scene)]).max()) for c in mine
              if c.res.trajectory is not None and ref[(c.repeat, c.scene)] is not None]
     return round(max(diffs), 6) if diffs else None
 
 
-def _records(mine: list[Cycle], scenes, tok) -> list[dict]:
+def _records(mine: list[TimedCycle], scenes, tok) -> list[dict]:
     out = []
     for c in mine:
         if c.res.error is not None:        # no reasoning to explain (counted as an error)

@@ -10,9 +10,9 @@ modes is a path nobody drew) against the spread of the draws. Writes JSON, a mar
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from prompt.config import ConfigError
 from runtime.artifacts import find_checkpoints, load_tokenizer
 from runtime.backend import load_backend
 from runtime.checks import ego_speed
-from runtime.config import load_planner_config
+from runtime.config import load_planner_config, with_overrides
 from runtime.planner import Planner
 from scenes import world
 from train.metrics import ade
@@ -30,14 +30,27 @@ from train.metrics import ade
 GAP_DRAWS = 8
 
 
-def int_list(name: str, text: str, lo: int, hi: int) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--{name} {text!r}: expected comma-separated integers") from None
-    if not values or min(values) < lo or max(values) > hi:
-        raise ConfigError(f"--{name} {text!r}: give integers in [{lo}, {hi}]")
-    return sorted(set(values))
+@dataclass(frozen=True)
+class TrajectoryCostRun:
+    """One `specdrive trajectory-cost` run: the checkpoint, the scenes, the grid of expert settings."""
+    checkpoint: Path
+    json: Path
+    draft: str | None = None        # draft variant for the reasoning (None: the folder's)
+    scenes: int = 32
+    seed: int = 0
+    split: str = "test"
+    steps: tuple[int, ...] = (2, 4, 6, 10)      # Euler steps
+    samples: tuple[int, ...] = (1, 2, 4, 8)     # expert draws per trajectory
+    repeats: int = 3                # timed calls per setting and scene (the least counts)
+    threads: int = 1                # torch CPU threads (0 = torch's default)
+    plot: Path | None = None        # default: json with .png
+
+    def __post_init__(self):
+        for name, values, hi in (("steps", self.steps, 100), ("samples", self.samples, 64)):
+            if not values or min(values) < 1 or max(values) > hi:
+                raise ConfigError(f"--{name} {','.join(map(str, values))!r}: give integers in [1, {hi}]")
+        if self.scenes < 1 or self.repeats < 1:
+            raise ConfigError("--scenes and --repeats must be >= 1")
 
 
 def settings(steps: list[int], samples: list[int]) -> list[tuple[int, int, str]]:
@@ -125,31 +138,28 @@ def plot(summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run(args) -> int:
-    grid = settings(int_list("steps", args.steps, 1, 100), int_list("samples", args.samples, 1, 64))
-    if args.scenes < 1 or args.repeats < 1:
-        raise ConfigError("--scenes and --repeats must be >= 1")
-    tok = load_tokenizer(args.checkpoint)
-    be = load_backend("torch", checkpoints=find_checkpoints(args.checkpoint, args.draft), tokenizer=tok)
-    cfg = load_planner_config("cpu")
-    cfg = dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, budget_ms=0.0),
-                              fallback="on_failure", trajectory_samples=1)
+def run(setup: TrajectoryCostRun) -> int:
+    grid = settings(sorted(set(setup.steps)), sorted(set(setup.samples)))
+    tok = load_tokenizer(setup.checkpoint)
+    be = load_backend("torch", checkpoints=find_checkpoints(setup.checkpoint, setup.draft), tokenizer=tok)
+    cfg = with_overrides(load_planner_config("cpu"), {"budget": {"budget_ms": 0.0}, "fallback": "on_failure",
+                                                      "trajectory_samples": 1})
     planner = Planner(be, tok, cfg)
     per_scene = []
-    if args.threads:
+    if setup.threads:
         import torch
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(setup.threads)
     try:
-        for i in tqdm(range(args.scenes), desc="trajectory cost"):
-            scene = world.make_scene(args.seed + i, split=args.split)
-            per_scene.append(measure(planner, scene, f"seed{args.seed + i}", grid, args.repeats))
+        for i in tqdm(range(setup.scenes), desc="trajectory cost"):
+            scene = world.make_scene(setup.seed + i, split=setup.split)
+            per_scene.append(measure(planner, scene, f"seed{setup.seed + i}", grid, setup.repeats))
     finally:
         planner.close()
-    summary = {"setup": {"checkpoint": str(args.checkpoint), "scenes": args.scenes, "seed": args.seed,
-                         "split": args.split, "repeats": args.repeats, "threads": args.threads}, **summarize(per_scene, grid)}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    plot(summary, args.plot or args.json.with_suffix(".png"))
+    summary = {"setup": {"checkpoint": str(setup.checkpoint), "scenes": setup.scenes, "seed": setup.seed,
+                         "split": setup.split, "repeats": setup.repeats, "threads": setup.threads}, **summarize(per_scene, grid)}
+    setup.json.parent.mkdir(parents=True, exist_ok=True)
+    setup.json.write_text(json.dumps(summary, indent=2) + "\n")
+    plot(summary, setup.plot or setup.json.with_suffix(".png"))
     print(table(summary))
     print(json.dumps(summary["mode_gap"]))
     return 0

@@ -1,9 +1,9 @@
-"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/projection.py) (the library of tools/roofline.py)
+"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/common/projection.py) (the library of tools/roofline.py)
 
 Prints per-stage projected ms for plain and speculative decoding, whether the cycle fits the
 budget (and whether the budget's premise, vision + prefill + trajectory + margin, holds), and
 the remedies that would make it fit. `--device cpu` measures this CPU's peaks first
-(bench/microbench.py); `--validate` compares the projection with a `specdrive profile` run's
+(bench/roofline/microbench.py); `--validate` compares the projection with a `specdrive profile` run's
 measured calls (ratio per stage). `--memory` adds the memory report.
 """
 from __future__ import annotations
@@ -11,31 +11,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from prompt.config import ConfigError, from_dict, load_yaml, read_json
-from bench.projection import Device, Workload, drive, memory_report, project, remedies, stage_costs
+from prompt.config import ConfigError, read_json
+from bench.common.devices import load_devices
+from bench.common.projection import Device, Workload, drive_cycle, memory_report, project, remedies, stage_costs
 
 SMALLER = {"alpamayo-r1-10b": "edge-2b"}     # the remedy "a smaller preset"
-DEVICES_FILE = Path(__file__).resolve().parent.parent / "configs" / "devices.yaml"
 
 
-@dataclass
-class DeviceFile:
-    """configs/devices.yaml: {name: Device} and {preset: Workload overrides}."""
-    devices: dict = field(default_factory=dict)
-    workloads: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.devices = {n: d if isinstance(d, Device) else from_dict(Device, d, f"devices.{n}")
-                        for n, d in self.devices.items()}
-        for n, w in self.workloads.items():
-            from_dict(Workload, w, f"workloads.{n}")       # checked; applied as overrides
-
-
-def load_devices(path: Path = DEVICES_FILE) -> DeviceFile:
-    return load_yaml(DeviceFile, path)
+@dataclass(frozen=True)
+class RooflineRun:
+    """One `specdrive roofline` question: a preset on a device, the workload's overrides (None: the
+    profile's, the devices file's or the preset's), what to add and where to write it."""
+    preset: str = "alpamayo-r1-10b"
+    device: str = "orin-agx-64"     # a configs/devices.yaml name, or cpu (measured here)
+    precision: str | None = None    # None: int8 on devices, fp32 on cpu
+    profile: str | None = None      # None: default_profile(device)
+    budget_ms: float | None = None
+    k: int | None = None
+    tau: float = 3.0
+    reasoning_tokens: int | None = None
+    samples: int | None = None
+    euler_steps: int | None = None
+    draft_vocab: int = 0            # draft LM head rows (0: the target's head)
+    encoded_images: int | None = None
+    lookup_share: float = 0.5       # the drives row: share of speculative steps proposed by lookup
+    threads: int = 1                # torch threads of the cpu microbenchmark
+    memory: bool = False
+    validate: Path | None = None    # a `specdrive profile` stats.json
+    json: Path | None = None
 
 
 def with_draft_vocab(cfg, n: int):
@@ -49,7 +55,7 @@ def default_profile(device: str) -> str:
     return "thor" if "thor" in device else "cpu" if device == "cpu" else "orin"
 
 
-def workload(args, model_cfg, planner_cfg, overrides: dict) -> Workload:
+def workload(q: RooflineRun, model_cfg, planner_cfg, overrides: dict) -> Workload:
     """The profile's cycle, the devices file's camera setup for the preset, the arguments."""
     p = planner_cfg
     base = {"images": len(p.cameras) * p.frames, "image_hw": tuple(p.image_hw), "max_len": p.max_len,
@@ -57,57 +63,57 @@ def workload(args, model_cfg, planner_cfg, overrides: dict) -> Workload:
             "euler_steps": p.euler_steps or model_cfg.expert.euler_steps,
             "budget_ms": p.budget.budget_ms, "margin_ms": p.budget.margin_ms}
     base.update(overrides)
-    given = {"precision": args.precision, "budget_ms": args.budget_ms, "k": args.k, "tau": args.tau,
-             "reasoning_tokens": args.reasoning_tokens, "samples": args.samples,
-             "euler_steps": args.euler_steps, "encoded_images": args.encoded_images}
+    given = {"precision": q.precision, "budget_ms": q.budget_ms, "k": q.k, "tau": q.tau,
+             "reasoning_tokens": q.reasoning_tokens, "samples": q.samples,
+             "euler_steps": q.euler_steps, "encoded_images": q.encoded_images}
     base.update({k: v for k, v in given.items() if v is not None})
-    base.setdefault("precision", "fp32" if args.device == "cpu" else "int8")
+    base.setdefault("precision", "fp32" if q.device == "cpu" else "int8")
     if base["k"] and base["tau"] > base["k"] + 1:
         raise ConfigError(f"--tau {base['tau']} exceeds k + 1 = {base['k'] + 1}")
     return Workload(**base)
 
 
-def resolve_device(args) -> tuple[Device, dict | None]:
-    if args.device == "cpu":
-        from bench.microbench import cpu_device, measure_cpu
+def resolve_device(q: RooflineRun) -> tuple[Device, dict | None]:
+    if q.device == "cpu":
+        from bench.roofline.microbench import cpu_device, measure_cpu
 
-        peaks = measure_cpu(args.threads)
+        peaks = measure_cpu(q.threads)
         return cpu_device(peaks), peaks
     table = load_devices().devices
-    if args.device not in table:
-        raise ConfigError(f"--device {args.device!r} is not known; devices: {sorted(table) + ['cpu']}")
-    return table[args.device], None
+    if q.device not in table:
+        raise ConfigError(f"--device {q.device!r} is not known; devices: {sorted(table) + ['cpu']}")
+    return table[q.device], None
 
 
-def run(args) -> int:
+def run(q: RooflineRun) -> int:
     from models.config import load_preset
     from runtime.config import load_planner_config
 
-    cfg = with_draft_vocab(load_preset(args.preset), getattr(args, "draft_vocab", 0))
-    dev, peaks = resolve_device(args)
-    pcfg = load_planner_config(args.profile or default_profile(args.device))
-    w = workload(args, cfg, pcfg, dict(load_devices().workloads.get(args.preset, {})))
-    smaller = (SMALLER[args.preset], load_preset(SMALLER[args.preset])) if args.preset in SMALLER else None
-    result = roofline(cfg, dev, w, len(pcfg.cameras), smaller, getattr(args, "lookup_share", 0.5))
-    result.update(preset=args.preset, device=args.device, peaks=peaks)
+    cfg = with_draft_vocab(load_preset(q.preset), q.draft_vocab)
+    dev, peaks = resolve_device(q)
+    pcfg = load_planner_config(q.profile or default_profile(q.device))
+    w = workload(q, cfg, pcfg, dict(load_devices().workloads.get(q.preset, {})))
+    smaller = (SMALLER[q.preset], load_preset(SMALLER[q.preset])) if q.preset in SMALLER else None
+    result = roofline(cfg, dev, w, len(pcfg.cameras), smaller, q.lookup_share)
+    result.update(preset=q.preset, device=q.device, peaks=peaks)
     print(format_result(result))
-    if args.memory:
+    if q.memory:
         result["memory"] = memory_report(cfg, w.precision, [result["prompt_len"]], w.max_len,
                                          list(range(1, pcfg.spec.k_max + 2)), w.samples)
         print(format_memory(result["memory"]))
-    if args.validate:
-        result["validation"] = validate(cfg, dev, w, read_stats(args.validate))
+    if q.validate:
+        result["validation"] = validate(cfg, dev, w, read_stats(q.validate))
         print(format_validation(result["validation"]))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if q.json:
+        q.json.parent.mkdir(parents=True, exist_ok=True)
+        q.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
 
 
 def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None = None,
              lookup_share: float = 0.5) -> dict:
     res = project(cfg, dev, w)
-    res["drive"] = {**drive(cfg, dev, w, cameras, lookup_share), "new_images": min(cameras, w.images),
+    res["drive"] = {**drive_cycle(cfg, dev, w, cameras, lookup_share), "new_images": min(cameras, w.images),
                     "lookup_share": lookup_share}
     res["workload"] = dataclasses.asdict(w)
     res["device_title"] = dev.title

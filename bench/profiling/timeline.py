@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.accept_map import token_classes
+from bench.common.accept_map import token_classes
 from prompt.config import ConfigError
 
 COLORS = {"prompt": "#8c564b", "vision": "#6b4fa8", "prefill": "#3b6fd4", "fallback": "#e0a422", "fallback_wait": "#b0b0b0",

@@ -264,7 +264,7 @@ def prompt_tokens(cfg: ModelConfig, images: int, image_hw) -> int:
     import numpy as np
 
     from prompt.layout import build_prompt
-    from bench.sources import default_tokenizer
+    from bench.common.sources import default_tokenizer
 
     v = cfg.target.vision
     per_image = (image_hw[0] // v.patch) * (image_hw[1] // v.patch) // v.merge ** 2
@@ -314,7 +314,7 @@ def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:
     return out
 
 
-def drive(cfg: ModelConfig, dev: Device, w: Workload, new_images: int, lookup_share: float) -> dict:
+def drive_cycle(cfg: ModelConfig, dev: Device, w: Workload, new_images: int, lookup_share: float) -> dict:
     """The cycle on a drive: the ViT encodes only the `new_images` frames not seen before (the
     others' features are reused: every frame time on the 10 Hz grid leaves one new frame per
     camera), and `lookup_share` of the speculative steps cost no draft step."""

@@ -2,7 +2,7 @@
 
     --latency measured              the planner runs on the wall clock (runtime.budget.wall_ms)
     --latency DEVICE:PRESET         every engine call the cycle makes is priced by the roofline
-                                    projection (bench/projection.py) of PRESET's shapes on DEVICE
+                                    projection (bench/common/projection.py) of PRESET's shapes on DEVICE
                                     (configs/devices.yaml), int8, and a virtual clock advances by it
 
 A simulated cycle runs the shipped models for its decisions (tokens, acceptance, the trajectory)
@@ -56,7 +56,7 @@ class Latency:
 
 def parse_latency(spec: str, planner_cfg) -> Latency:
     """'measured' or 'DEVICE:PRESET' -> Latency (ConfigError naming the allowed devices / presets)."""
-    from bench.roofline import load_devices
+    from bench.common.devices import load_devices
     from models.config import load_preset
 
     spec = spec.strip()
@@ -77,7 +77,7 @@ class Pricer:
     """Projected ms of each engine call of one preset on one device (memoized by shape)."""
 
     def __init__(self, cfg, device, workload: dict, planner_cfg):
-        from bench.projection import Shapes, prompt_tokens
+        from bench.common.projection import Shapes, prompt_tokens
 
         p = planner_cfg
         self.cfg, self.dev = cfg, device

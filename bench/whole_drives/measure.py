@@ -12,7 +12,7 @@ accepted by lookup and by the draft model, frames reused, cycles whose reasoning
 decoding's (every cycle is checked) and the largest trajectory difference, and the cycle
 speedup over plain decoding without reuse (p50 over p50, same run). The budget is off so every
 mode decodes the same text. Per speculative mode also alpha on routine and on commitment tokens
-(bench/accept_map.py: accepted / judged proposals, the first rejection of a step included; the
+(bench/common/accept_map.py: accepted / judged proposals, the first rejection of a step included; the
 routine clauses of each cycle's own reasoning by the language's grammar), the runtime's
 acceptance on the drive's cycles, also split by phase (cycles whose label names a cause against
 clear-road cycles, `phase_of`) and by the drive's family. `--modes` runs a subset (plain always:
@@ -29,17 +29,17 @@ import numpy as np
 from tqdm import tqdm
 
 from prompt.config import ConfigError, check_range
-from runtime.config import PlannerConfig, ReuseConfig
+from runtime.config import PlannerConfig, ReuseConfig, with_overrides
 from runtime.planner import Planner
-from bench import accept_map
-from bench.stats import latency
+from bench.common import accept_map
+from bench.common.stats import latency
 
 SCHEMA = "specdrive-bench-drives/1"
 MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup")
 GOAL_SPEEDUP, GOAL_VISION_CUT = 2.5, 0.40      # issue 26's bar
 
 
-@dataclass
+@dataclass(frozen=True)
 class DriveBenchConfig:
     drives: int = 4                   # the first N drives of the split
     cycles: int | None = None         # cycles per drive at most (None: the whole drive)
@@ -85,16 +85,16 @@ def make_modes(cfg: DriveBenchConfig) -> list[DriveMode]:
 def mode_config(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> PlannerConfig:
     s = base.spec
     if not mode.speculative:
-        spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=0, adaptive=False)
+        spec = {"k": 0, "adaptive": False}
     elif cfg.k is None:
-        spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=s.k or min(4, s.k_max), adaptive=True)
+        spec = {"k": s.k or min(4, s.k_max), "adaptive": True}
     else:
-        spec = dataclasses.replace(s, decoding="greedy", relax_r=0, k=cfg.k, k_max=max(s.k_max, cfg.k),
-                                   adaptive=False)
-    changes = {"spec": spec, "budget": dataclasses.replace(base.budget, budget_ms=0.0), "reuse": mode.reuse}
+        spec = {"k": cfg.k, "k_max": max(s.k_max, cfg.k), "adaptive": False}
+    changes = {"spec": {"decoding": "greedy", "relax_r": 0, **spec}, "budget": {"budget_ms": 0.0},
+               "reuse": dataclasses.asdict(mode.reuse)}
     if cfg.max_reasoning_tokens is not None:
         changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
-    return dataclasses.replace(base, **changes)
+    return with_overrides(base, changes, f"mode {mode.name}")
 
 
 def load(root, cfg: DriveBenchConfig) -> list:
@@ -271,43 +271,3 @@ def write(path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     path.with_suffix(".md").write_text("```\n" + table(record) + "\n```\n")
-
-
-def command(args) -> int:
-    """`specdrive bench --drives DIR ...` (tools/bench.py): open the backends, run, write, print."""
-    from bench.backends import open_bench_backends
-    from bench.sources import default_tokenizer
-    from bench.threads import torch_threads
-    from runtime.artifacts import ModelSource
-    from runtime.config import load_planner_config
-
-    profile = load_planner_config(args.profile)
-    if args.threads < 0:
-        raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    try:
-        ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    except ValueError:
-        raise ConfigError(f"--ks {args.ks!r} must be comma-separated integers, e.g. 4,8") from None
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None
-    cfg = DriveBenchConfig(drives=args.drive_count, cycles=args.cycles or None, split=args.split, warmup=args.warmup,
-                           k=ks[0] if args.no_adaptive and ks else None, max_reasoning_tokens=args.max_reasoning,
-                           modes=modes)
-    drives = load(args.drives, cfg)         # a bad shard stops here, before any model loads
-    src = ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
-                      random_init=args.random_init, backend=args.backend, device=args.device,
-                      eager=args.eager, threads=args.threads)
-    tok, plain, drafts, source = open_bench_backends(src, args.drafts, profile.max_len, default_tokenizer)
-    label = "flat" if "flat" in drafts and not args.drafts else next(iter(drafts))
-    try:
-        with torch_threads(args.threads):
-            record = run_drives(plain, drafts[label], tok, profile, drives, cfg, progress=True)
-    finally:
-        for be in {id(b): b for b in [plain, *drafts.values()]}.values():
-            be.close()
-    record["setup"] = {"source": source, "draft": label, "backend": plain.name, "device": args.device,
-                       "profile": str(args.profile), "drives_dir": str(args.drives), "threads": args.threads,
-                       "command": "specdrive bench " + " ".join(getattr(args, "argv", []) or [])}
-    write(args.json, record)
-    print(table(record), flush=True)
-    print(f"wrote {args.json} (and .md)", flush=True)
-    return 0

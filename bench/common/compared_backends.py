@@ -22,8 +22,6 @@ PRESET_DRAFTS = "self,noised:0.02"
 
 def open_bench_backends(src: ModelSource, drafts: str | None, max_len: int, default_tokenizer=None):
     """(tokenizer, plain backend, {draft label: backend}, description of the source)."""
-    if src.preset is not None and src.random_init is None:
-        raise ConfigError("--preset needs --random-init SEED (random weights)")
     name, spec = backend_spec(dataclasses.replace(src, draft="none" if src.engines is None else src.draft),
                               max_len, default_tokenizer)
     if src.engines is not None:

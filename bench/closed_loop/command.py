@@ -1,0 +1,78 @@
+"""`specdrive drive` (tools/closed_loop.py): every drive x mode x latency spec through the closed
+loop (bench/closed_loop/loop.py); drives.json, table.md and GIFs under OUT/LATENCY."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.closed_loop.gif import draw_case
+from bench.closed_loop.latency import parse_latency
+from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
+from bench.closed_loop.report import table
+from bench.common.sources import default_tokenizer
+from bench.common.threads import torch_threads
+from runtime.artifacts import ModelSource, open_backend
+from runtime.config import PlannerConfig, load_planner_config
+
+
+@dataclass(frozen=True)
+class ClosedLoopRun:
+    """One `specdrive drive` run. modes, latency and budget_ms are comma lists (loop.parse_modes,
+    latency.parse_latency, loop.parse_budgets check them: a budget per latency spec, or one)."""
+    out: Path
+    checkpoint: Path = Path("checkpoints/tiny")
+    drives: Path | int = 4          # a drives folder (its split) or N new drives from seed
+    split: str = "test"
+    seed: int = 0
+    seconds: float | None = None    # drive length (None: the drive's own)
+    modes: str = ",".join(MODES)
+    latency: str = "measured"
+    budget_ms: str = str(DEFAULT_BUDGET_MS)
+    profile: str = "cpu"
+    threads: int = 1
+    gifs: int = 20                  # GIFs of the first N drives
+    quiet: bool = False             # no progress bars
+
+
+def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget_ms: float) -> tuple:
+    """(tokenizer, {"plain": backend without a draft, "flat": the shipped flat draft})."""
+    kinds = {"flat" if mode_config(cfg, m, budget_ms).spec.k > 0 else "plain" for m in modes}
+    out, tok = {}, None
+    for kind in sorted(kinds):
+        src = ModelSource(checkpoint=Path(checkpoint), draft="none" if kind == "plain" else "flat")
+        out[kind], tok = open_backend(src, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
+    return tok, out
+
+
+def run(setup: ClosedLoopRun) -> int:
+    """The command: every drive x mode x latency spec; JSON, table and GIFs under OUT/LATENCY."""
+    base = load_planner_config(setup.profile)
+    modes = parse_modes(setup.modes)
+    latencies = [parse_latency(s, base) for s in setup.latency.split(",")]
+    budgets = parse_budgets(setup.budget_ms, len(latencies))
+    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
+    cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
+    tok, backends = open_backends(setup.checkpoint, base, modes, budgets[0])
+    for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
+        out = Path(setup.out) / lat.label
+        (out / "gif").mkdir(parents=True, exist_ok=True)
+        records = []
+        bar = tqdm(total=len(cases) * len(modes), desc=f"drive {lat.spec}", unit="drive", disable=setup.quiet)
+        with torch_threads(setup.threads):
+            for case in cases:
+                for m in modes:
+                    records.append(run_case(case, m, cfgs[m], lat, backends, tok))
+                    bar.update()
+        bar.close()
+        text = table(records, modes, lat.spec, budget_ms)
+        (out / "drives.json").write_text(json.dumps({"latency": lat.spec, "budget_ms": budget_ms,
+                                                     "modes": {m: MODES[m] for m in modes},
+                                                     "records": records}) + "\n")
+        (out / "table.md").write_text(text)
+        print(text, flush=True)
+        for case in tqdm(cases[: setup.gifs], desc="gifs", unit="gif", disable=setup.quiet):
+            draw_case(case, [r for r in records if r["drive"] == case.name], out / "gif" / f"{case.name}.gif")
+    return 0

@@ -1,0 +1,69 @@
+"""Development inputs of `specdrive plan`: synthetic scenes or a dataset folder.
+
+The vehicle calls Planner.plan with its own camera frames and ego history; scenes/ is only the
+development world, so this glue lives in bench/ (which may import every folder but tools/) and
+the shipped runtime never imports it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prompt.config import ConfigError
+from prompt.vocab import Tokenizer
+from scenes import coc, dataset, world
+
+DEFAULT_SCENES = 8
+
+
+@dataclass
+class PlanScene:
+    name: str
+    images: np.ndarray            # (4, 2, H, W, 3) uint8
+    history: np.ndarray           # (16, 3)
+    future: np.ndarray | None     # (64, 3) the expert's, for the pictures and the log
+    family: str | None
+
+
+def default_tokenizer() -> Tokenizer:
+    """The shipped vocabulary: every word of the synthetic world's CoC grammar."""
+    return Tokenizer.build(coc.vocabulary())
+
+
+@dataclass(frozen=True)
+class SceneSource:
+    """Where the scenes come from: a dataset folder's split, or `scenes` synthetic scenes from `seed`."""
+    data: Path | None = None
+    scenes: int | None = None     # None: DEFAULT_SCENES
+    seed: int = 0
+    split: str = "test"
+
+    def __post_init__(self):
+        if self.scenes is not None and self.scenes < 1:
+            raise ConfigError(f"--scenes={self.scenes} must be >= 1")
+        if self.seed < 0:
+            raise ConfigError(f"--seed={self.seed} must be >= 0 (scene seeds are non-negative)")
+
+
+def scene_source(src: SceneSource, tok):
+    """Iterate PlanScenes: `--data DIR` (dataset shards) or `--scenes N --seed S`."""
+    if src.data is not None:
+        scenes = dataset.load(str(src.data), src.split)
+        for i, s in enumerate(scenes):
+            yield _plan_scene(s, f"{src.split}/{i}")
+        return
+    n = DEFAULT_SCENES if src.scenes is None else src.scenes
+    for i in range(n):
+        s = world.make_scene(src.seed + i, split=src.split)
+        yield _plan_scene(s, f"seed{src.seed + i}")
+
+
+def _plan_scene(s, name: str) -> PlanScene:
+    if getattr(s, "images", None) is None:
+        raise ConfigError(f"scene {name} has no camera images (a dataset made with --no-render?); "
+                          "the planner needs them")
+    return PlanScene(name, np.asarray(s.images), np.asarray(s.history, np.float32),
+                     None if getattr(s, "future", None) is None else np.asarray(s.future, np.float32),
+                     getattr(s, "family", None))
