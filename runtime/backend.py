@@ -42,6 +42,7 @@ import numpy as np
 
 from prompt.config import ConfigError
 from runtime.acceptance import process_logits, sample
+from runtime.config import ExpertRequest
 
 READOUTS = ("argmax", "logits")
 # CLI name -> module of runtime.backends
@@ -148,8 +149,7 @@ class Backend(abc.ABC):
         their cache rows (and features): the rows the action expert then reads."""
 
     @abc.abstractmethod
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps: int | None,
-               combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request: ExpertRequest) -> np.ndarray:
         """The action expert on target cache rows [0, rows) -> (64, 3) float32 (see `action`)."""
 
     def close(self) -> None:
@@ -166,11 +166,10 @@ class Backend(abc.ABC):
         raise ConfigError(f"backend {self.name!r} cannot take reused vision features: turn reuse.vision off")
 
     # --- host logic shared by every backend --------------------------------------------------
-    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32;
-        samples > 1 draws integrated as one batch, combined by `combine`: "mean" (in action
-        space) or "medoid" (the draw nearest the others); steps: Euler steps (None: the model's).
+    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int,
+               request: ExpertRequest = ExpertRequest()) -> np.ndarray:
+        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32, as
+        `request` asks (draws, how they are combined, Euler steps: runtime.config.ExpertRequest).
         Thread-safe against draft/verify calls that write rows >= start+len (the fallback
         trajectory runs in a worker beside the reasoning; `action_scope` puts it on its own
         stream where the engine has one)."""
@@ -179,7 +178,7 @@ class Backend(abc.ABC):
         with self.action_scope():
             if len(tokens):
                 self.write(tokens, start)
-            return self.expert(start + len(tokens), float(v0), int(seed), samples, steps, combine)
+            return self.expert(start + len(tokens), float(v0), int(seed), request)
 
     def action_scope(self):
         """The context an action() call runs in (a side stream; none by default)."""

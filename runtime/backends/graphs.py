@@ -20,6 +20,7 @@ from prompt.graphs import (DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFIL
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
 from runtime.backend import Backend, expert_noise
+from runtime.config import ExpertRequest
 
 FORMAT_VERSION = 1       # export/onnx.py's FORMAT_VERSION and OPSET: what this runtime reads
 OPSET = 18
@@ -209,9 +210,10 @@ class GraphBackend(Backend):
         return rope_tables(np.arange(start, start + n)[None], d["head_dim"], d["rope_theta"])
 
     # --- the action expert's host side ----------------------------------------------------------
-    def expert_inputs(self, rows: int, seed: int, samples: int, combine: str):
+    def expert_inputs(self, rows: int, seed: int, request: ExpertRequest):
         """Checked request -> (noise x (S, W, A) fp32, cos, sin (S, W, hd)): the draws start from
         the cycle's seed, the expert's queries sit at positions rows + delta + 0..W-1."""
+        samples, combine = request.samples, request.combine
         a, t = self.meta["action"], self.meta["target"]
         if (samples, combine) != (a["samples"], a["combine"]):
             raise ConfigError(f"{self.folder}: action_output was exported for {a['samples']} draws "
@@ -225,7 +227,7 @@ class GraphBackend(Backend):
                                t["mrope_section"], t["interleaved"])
         return x, cos, sin
 
-    def euler_times(self, steps: int | None, samples: int) -> np.ndarray:
+    def euler_times(self, request: ExpertRequest) -> np.ndarray:
         """(steps, S) fp32: t = i / steps of Euler step i (x <- x + v(x, t) / steps)."""
-        steps = steps or self.meta["action"]["euler_steps"]
+        samples, steps = request.samples, request.steps or self.meta["action"]["euler_steps"]
         return np.repeat((np.arange(steps) / steps).astype(np.float32)[:, None], samples, 1)

@@ -127,10 +127,10 @@ class OrtBackend(GraphBackend):
     def write(self, tokens, start: int) -> None:
         self._step(np.asarray(tokens, np.int64)[None], start)
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         context = np.ascontiguousarray(self.cache[..., :rows, :])
-        x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
-        times = self.euler_times(steps, samples)
+        x, cos, sin = self.expert_inputs(rows, seed, request)
+        times = self.euler_times(request)
         for t in times:                              # x <- x + dt v(x, t), t = i / steps
             (v,) = self._run(ACTION_VELOCITY, x=x, t=t, context=context, cos=cos, sin=sin)
             x = x + v / np.float32(len(times))

@@ -161,11 +161,11 @@ class TrtLlmBackend(Backend):
         """Only into the sequence: `expert` writes the TensorRT cache's missing rows."""
         self.seq[start:start + len(tokens)] = tokens
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         """The reasoning rows [prompt_len, rows) into the TensorRT cache (one step), then the
         expert there."""
         T = self.prompt_len
-        return self.engines.action(self.seq[T:rows].astype(np.int64), T, v0, seed, samples, steps, combine)
+        return self.engines.action(self.seq[T:rows].astype(np.int64), T, v0, seed, request)
 
     def close(self) -> None:
         for runner in (getattr(self, "target", None), getattr(self, "drafter", None)):

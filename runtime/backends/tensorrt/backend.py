@@ -270,9 +270,9 @@ class TensorRTBackend(GraphBackend):
     def write(self, tokens, start: int) -> None:
         self._step(np.asarray(tokens, np.int64), start)
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         with self.action_lock:
-            return self._expert(rows, v0, seed, samples, steps, combine)
+            return self._expert(rows, v0, seed, request)
 
     def close(self) -> None:
         if getattr(self, "cuda", None) is None:
@@ -364,12 +364,12 @@ class TensorRTBackend(GraphBackend):
             stage[key, tuple(shape)] = self.cuda.pinned(shape, dtype)
         return stage[key, tuple(shape)]
 
-    def _expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine) -> np.ndarray:
+    def _expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         """The action expert on its own stream, after the last cache write (an event)."""
         cuda, s = self.cuda, self.action_stream
         vel, out = self.engines[ACTION_VELOCITY], self.engines[ACTION_OUTPUT]
-        x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
-        times = self.euler_times(steps, samples)
+        x, cos, sin = self.expert_inputs(rows, seed, request)
+        times, samples = self.euler_times(request), request.samples
         blocks, hd, size = self.kv["cache"]
         cuda("cudaStreamWaitEvent", s, self.kv_ready, 0)
         cuda.blocks(vel.buf["context"], rows * hd * size, self.cache, self.max_len * hd * size, rows * hd * size,
