@@ -1,4 +1,4 @@
-"""Test doubles of the TensorRT and cuda-python API subsets runtime/backends/tensorrt.py calls.
+"""Test doubles of the TensorRT and cuda-python API subsets runtime/backends/tensorrt/ calls.
 
 No GPU and no TensorRT here: "device memory" is host memory the double owns and tracks, an
 "engine" is a small JSON naming the ONNX graph and its optimization profiles, and executing it runs

@@ -1,6 +1,6 @@
 """The TensorRT-LLM backend: target and standalone draft engines through TensorRT-LLM's
 `ModelRunnerCpp` in external-draft-token mode, driven by our loop and our budget; vision and the
-action expert run on the TensorRT backend's engines beside it (runtime/backends/tensorrt.py).
+action expert run on the TensorRT backend's engines beside it (runtime/backends/tensorrt/).
 
 Only exact (greedy) acceptance: TensorRT-LLM accepts draft tokens inside its runtime (a request
 with `draft_tokens_list` returns the accepted tokens and the next one), so the target's choices
