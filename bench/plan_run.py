@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError, read_json
+from prompt.artifacts import read_manifest
+from prompt.config import ConfigError
 from runtime.artifacts import open_backend
 from runtime.config import load_planner_config
 from runtime.planner import Planner
@@ -26,7 +27,7 @@ def default_profile(args) -> str:
     """The planner profile an engines build was made for (its manifest.json), else cpu."""
     manifest = getattr(args, "engines", None) and Path(args.engines) / "manifest.json"
     if manifest and manifest.is_file():
-        name = read_json(manifest, "engines manifest").get("planner")
+        name = read_manifest(args.engines).planner
         if name:
             print(f"planner profile {name!r} (from {manifest}; --profile NAME for another)", flush=True)
             return name

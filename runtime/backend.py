@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prompt.artifacts import EnginesMeta, Manifest
 from prompt.config import ConfigError
 from runtime.acceptance import process_logits, sample
 from runtime.config import ExpertRequest
@@ -60,8 +61,8 @@ class BackendSpec:
     device: str = "cpu"
     eager: bool = False                 # no CUDA graphs
     engines: Path | None = None
-    meta: dict | None = None            # engines/meta.json
-    manifest: dict | None = None        # engines/manifest.json (tensorrt, tensorrt-llm)
+    meta: EnginesMeta | None = None     # engines/meta.json
+    manifest: Manifest | None = None    # engines/manifest.json (tensorrt, tensorrt-llm)
     k_max: int | None = None            # the planner's largest draft length (engine shapes)
     threads: int = 0                    # engine CPU threads (onnxruntime; 0: its default)
     checkpoints: dict | None = None     # {kind: folder} (torch)
@@ -81,12 +82,12 @@ class DraftSampling:
     u: np.ndarray
 
 
-def check_tokenizer(meta: dict, tokenizer, folder) -> None:
+def check_tokenizer(meta: EnginesMeta, tokenizer, folder) -> None:
     """An engines folder's meta.json names the tokenizer its graphs were made with."""
-    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
+    if meta.tokenizer_sha256 not in (None, tokenizer.fingerprint):
         raise ConfigError(f"{folder}/tokenizer.json (sha256 {tokenizer.fingerprint[:12]}...) is not "
                           f"the tokenizer these engines were made with "
-                          f"(sha256 {str(meta['tokenizer_sha256'])[:12]}...)")
+                          f"(sha256 {str(meta.tokenizer_sha256)[:12]}...)")
 
 
 @dataclass

@@ -18,7 +18,7 @@ from calibration.record import CACHE_INPUTS, load
 from calibration.scenes import calibration_scenes
 from engines import build as eb
 from prompt.config import ConfigError, file_sha256
-from prompt.meta import read_meta
+from prompt.artifacts import read_manifest, read_meta
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner
@@ -76,8 +76,8 @@ def test_the_set_is_keyed_by_input_names_and_hashed(calibrated):
     assert all(s["cache"].shape[-2] < calib.max_len for s in calib.graphs["step"])   # stored trimmed
     meta = read_meta(folder)
     for g in PLAN:
-        assert meta["graphs"][g]["quantization"]["calibration_sha256"] == calib.sha256
-    assert meta["calibration_sha256"] == calib.sha256
+        assert meta.graphs[g].quantization["calibration_sha256"] == calib.sha256
+    assert meta.calibration_sha256 == calib.sha256
 
 
 def test_a_changed_calibration_file_is_refused(calibrated, tmp_path):
@@ -96,15 +96,16 @@ def test_a_changed_calibration_file_is_refused(calibrated, tmp_path):
 def test_meta_switches_to_the_quantized_graphs_and_keeps_fp32(calibrated):
     folder, fp32, done, _ = calibrated
     meta = read_meta(folder)
-    for g, e in meta["graphs"].items():
-        assert file_sha256(folder / e["file"]) == e["sha256"], g
+    for g, e in meta.graphs.items():
+        assert file_sha256(folder / e.file) == e.sha256, g
         if g in PLAN:
-            assert e["file"] == f"quant/int8/{g}.onnx" and e["precision"] == "int8"
-            assert e["quantization"]["source_sha256"] == fp32["graphs"][g]["sha256"]
-            assert e["quantization"]["holds"] == {"INT8": e["quantization"]["holds"]["INT8"]}
+            assert e.file == f"quant/int8/{g}.onnx" and e.precision == "int8"
+            assert e.quantization["source_sha256"] == fp32.graphs[g].sha256
+            assert e.quantization["holds"] == {"INT8": e.quantization["holds"]["INT8"]}
         else:
-            assert e == {**fp32["graphs"][g], "precision": "fp32"}
-    assert meta["fp32_graphs"] == {g: {**e, "precision": "fp32"} for g, e in fp32["graphs"].items()}
+            assert e.to_dict() == {**fp32.graphs[g].to_dict(), "precision": "fp32"}
+    assert {g: e.to_dict() for g, e in meta.fp32_graphs.items()} == \
+        {g: {**e.to_dict(), "precision": "fp32"} for g, e in fp32.graphs.items()}
     with pytest.raises(ConfigError, match="already points at quantized graphs"):
         calibrate_folder(folder, meta, PLAN, load_planner_config("cpu"), prompts=1)
 
@@ -190,7 +191,7 @@ def test_int8_graphs_speculative_equals_plain(calibrated):
     folder = calibrated[0]
     plain = ort_planner(folder, 0)
     spec = [ort_planner(folder, 4), ort_planner(folder, 8), ort_planner(folder, 4, adaptive=True)]
-    assert plain.backend.meta["graphs"]["step"]["precision"] == "int8"
+    assert plain.backend.meta.graphs["step"].precision == "int8"
     for i in range(6):
         s = make_scene(200 + i, split="test")
         ref = plain.plan(s.images, s.history)
@@ -293,11 +294,11 @@ def test_engines_build_calibrates(tiny_onnx, tmp_path, monkeypatch, capsys):
     assert cli.main(["engines", "build", "--profile", str(prof), "--out", str(out)]) == 3
     text = capsys.readouterr().out
     assert "[2/3] calibrate: prefill int8, step int8 from 4 train scenes" in text
-    m = eb.read_manifest(out)
-    assert m["calibration"]["status"] == "done" and m["steps"]["calibrate"] == "done"
-    assert m["calibration"]["graphs"] == PLAN
-    assert m["graphs"]["step"]["file"] == "quant/int8/step.onnx"
-    assert m["onnx_meta_sha256"] == file_sha256(out / "meta.json")
+    m = read_manifest(out)
+    assert m.calibration["status"] == "done" and m.steps["calibrate"] == "done"
+    assert m.calibration["graphs"] == PLAN
+    assert m.graphs["step"].file == "quant/int8/step.onnx"
+    assert m.onnx_meta_sha256 == file_sha256(out / "meta.json")
     assert (out / "report" / "report.md").is_file()
 
 

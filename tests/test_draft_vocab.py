@@ -111,9 +111,9 @@ def test_checkpoint_round_trip_keeps_the_map_and_its_hash(models, tmp_path):
     cfg, target, _ = models
     folder = save_reduced(tmp_path, cfg, target)
     meta = io.read_meta(folder)
-    assert folder.name == "draft-flat-v40" and meta["variant"] == "flat-v40" and meta["draft_vocab"] == 40
+    assert folder.name == "draft-flat-v40" and meta.variant == "flat-v40" and meta.draft_vocab == 40
     lcfg, d, _ = io.load_draft(folder, cfg, target, TOK)
-    assert lcfg.draft.vocab == 40 and meta["d2t_sha256"] == d2t_sha256(d.d2t.numpy())
+    assert lcfg.draft.vocab == 40 and meta.d2t_sha256 == d2t_sha256(d.d2t.numpy())
     assert torch.equal(d.d2t, reduced(cfg, target).d2t)
 
 

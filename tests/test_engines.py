@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 from engines import build as eb
 from engines.profile import EngineProfile, GraphPrecision, known_profiles, load_profile
+from prompt.artifacts import read_manifest
 from prompt.config import ConfigError, file_sha256
 from prompt.graphs import required_graphs
 from runtime.config import load_planner_config
@@ -108,14 +109,14 @@ def test_build_without_tensorrt_writes_the_manifest_and_exits_3(tmp_path, no_ten
     lines = capsys.readouterr().out.splitlines()
     assert [ln[:5] for ln in lines] == ["[1/3]", "[2/3]", "[3/3]"], lines
     assert "TensorRT is not installed here" in lines[2] and f"PROFILE={name}" in lines[2]
-    m = eb.read_manifest(out)
+    m = read_manifest(out)
     prof = load_profile(name)
-    assert m["built"] is False and m["profile"] == name and m["target_sm"] == prof.target_sm
-    assert m["steps"]["export"] == "done" and m["steps"]["build"].startswith("needs TensorRT")
-    assert m["needs"]["step"] == "build" and ("JetPack" in m["needs"]["install"] or "pip" in m["needs"]["install"])
-    assert m["shapes"]["verify_widths"] == [1, 9] and m["precision"] == dict(prof.precision.items())
-    for g, entry in m["graphs"].items():
-        assert file_sha256(out / entry["file"]) == entry["sha256"], g
+    assert m.built is False and m.profile == name and m.target_sm == prof.target_sm
+    assert m.steps["export"] == "done" and m.steps["build"].startswith("needs TensorRT")
+    assert m.needs["step"] == "build" and ("JetPack" in m.needs["install"] or "pip" in m.needs["install"])
+    assert m.shapes.verify_widths == (1, 9) and m.precision == dict(prof.precision.items())
+    for g, entry in m.graphs.items():
+        assert file_sha256(out / entry.file) == entry.sha256, g
     assert m["onnx_meta_sha256"] == file_sha256(out / "meta.json")
     assert m["tools"]["onnx"] and m["tools"]["tensorrt"] is None
     assert m["calibration"] == {"status": "not needed" if name == "orin-fp16" else "done",

@@ -18,7 +18,7 @@ import pytest
 from engines import build as eb
 from engines.profile import Shapes, load_profile
 from prompt.config import ConfigError, file_sha256
-from prompt.meta import stamp_facts
+from prompt.artifacts import read_meta, stamp_facts
 from prompt.tokenizer import load_tokenizer
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
@@ -46,20 +46,21 @@ def build_fake_engines(folder: Path, version: str = TRT, kv_dtype: str | None = 
     per graph with the optimization profiles engines/build.py asks TensorRT for, then the manifest
     (engines/build.py's own writer). `kv_dtype`: the engines bind their KV tensors at that dtype
     (as an engine built with fp16 KV I/O reports them)."""
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = read_meta(folder)
     prof = engine_profile()
     (folder / "trt").mkdir(exist_ok=True)
     engines = {}
-    for graph, g in meta["graphs"].items():
-        if kv_dtype:
-            g = {**g, **{side: [{**t, "dtype": kv_dtype} if t["name"] in KV else t for t in g[side]]
-                         for side in ("inputs", "outputs")}}
+    for graph, g in meta.graphs.items():
         profiles = []
         for axes in eb.dim_ranges(prof, graph):
-            profiles.append({s["name"]: [eb._shape(s, axes, i) for i in range(3)] for s in g["inputs"]
-                             if any(isinstance(d, str) for d in s["shape"])})
+            profiles.append({s.name: [eb._shape(s, axes, i) for i in range(3)] for s in g.inputs
+                             if any(isinstance(d, str) for d in s.shape)})
+        io = g.to_dict()                       # the double's engine holds the graph's entry
+        if kv_dtype:
+            io = {**io, **{side: [{**t, "dtype": kv_dtype} if t["name"] in KV else t for t in io[side]]
+                           for side in ("inputs", "outputs")}}
         dst = folder / "trt" / f"{graph}.engine"
-        dst.write_bytes(build_engine(folder / g["file"], g, profiles, version))
+        dst.write_bytes(build_engine(folder / g.file, io, profiles, version))
         engines[graph] = {"file": f"trt/{graph}.engine", "sha256": file_sha256(dst), "tensorrt": version}
     return eb.write_manifest(prof, SHIPPED, folder, meta, {"export": "done", "build": "done"},
                              {"status": "not needed", "graphs": {}}, built=True, engines=engines)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from prompt.artifacts import EnginesMeta, Manifest
 from prompt.config import ConfigError
 from prompt.graphs import ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
 from runtime.backend import BackendSpec, PrefillInputs
-from runtime.backends.graphs import GraphBackend, output_dims, split_frames
+from runtime.backends.graphs import GraphBackend, split_frames
 from runtime.backends.tensorrt.cuda import Cuda
 from runtime.backends.tensorrt.cuda_graphs import GraphRunner
 from runtime.backends.tensorrt.engine import Engine, check_manifest, device_sm
@@ -47,7 +48,7 @@ class TensorRTBackend(GraphBackend):
     name = "tensorrt"
     reuses_vision = True
 
-    def __init__(self, folder: Path, meta: dict, manifest: dict, max_len: int | None = None,
+    def __init__(self, folder: Path, meta: EnginesMeta, manifest: Manifest, max_len: int | None = None,
                  k_max: int | None = None, eager: bool = False, libraries=None, tokenizer=None):
         trt, rt = libraries or import_libraries()
         self.folder = Path(folder)
@@ -59,16 +60,16 @@ class TensorRTBackend(GraphBackend):
                               "inside the draft graphs: re-export with --draft-map graph")
         self.cuda = cuda = Cuda(rt)
         check_manifest(self.folder, meta, manifest, trt.__version__, device_sm(cuda), k_max)
-        self.k_max = manifest["shapes"]["k_max"]
+        self.k_max = manifest.shapes.k_max
         self.stream = cuda("cudaStreamCreateWithFlags", rt.cudaStreamNonBlocking)
         self.action_stream = cuda("cudaStreamCreateWithFlags", rt.cudaStreamNonBlocking)
         self.kv_ready = cuda("cudaEventCreateWithFlags", rt.cudaEventDisableTiming)
         self.action_lock = threading.Lock()
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self.engines = {g: Engine(trt, cuda, runtime, self.folder / entry["file"],
+        self.engines = {g: Engine(trt, cuda, runtime, self.folder / entry.file,
                                   self.action_stream if g in ACTION_GRAPHS else self.stream)
-                        for g, entry in manifest["engines"].items()}
-        self._allocate(meta, manifest["shapes"]["max_prompt"])
+                        for g, entry in manifest.engines.items()}
+        self._allocate(meta, manifest.shapes.max_prompt)
         for g, e in self.engines.items():
             e.allocate({"cache": self.draft_cache if g.startswith("draft") else self.cache})
         self.has_images = False
@@ -85,17 +86,17 @@ class TensorRTBackend(GraphBackend):
         self.cuda("cudaStreamSynchronize", self.stream)
 
     # --- device memory, allocated once ------------------------------------------------------
-    def _allocate(self, meta: dict, rows_max: int) -> None:
-        t, d, cuda, L = meta["target"], meta["draft_llm"], self.cuda, self.max_len
+    def _allocate(self, meta: EnginesMeta, rows_max: int) -> None:
+        t, d, cuda, L = meta.target, meta.draft_llm, self.cuda, self.max_len
         # (blocks, head_dim, bytes per element): the element as the engines bind the cache
-        self.kv = {"cache": (t["layers"] * 2 * t["kv_heads"], t["head_dim"], self._kv_itemsize("target")),
-                   "draft_cache": (d["layers"] * 2 * d["kv_heads"], d["head_dim"], self._kv_itemsize("draft"))}
+        self.kv = {"cache": (t.layers * 2 * t.kv_heads, t.head_dim, self._kv_itemsize("target")),
+                   "draft_cache": (d.layers * 2 * d.kv_heads, d.head_dim, self._kv_itemsize("draft"))}
         self.cache = cuda.malloc(np.prod(self.kv["cache"]) * L)                   # (layers, 2, 1, KVH, L, hd)
         self.draft_cache = cuda.malloc(np.prod(self.kv["draft_cache"]) * L)
         self.feats = cuda.malloc((L + 1) * self.feat_dim * 4)                    # (L + 1, F), index 0 zeros
         cuda("cudaMemsetAsync", self.feats, 0, self.feat_dim * 4, self.stream)
-        self.rope = {k: cuda.malloc(L * meta[m]["head_dim"] * 4)                  # (L, hd) per table
-                     for k, m in (("cos", "target"), ("sin", "target"), ("dcos", "draft_llm"), ("dsin", "draft_llm"))}
+        self.rope = {k: cuda.malloc(L * m.head_dim * 4)                           # (L, hd) per table
+                     for k, m in (("cos", t), ("sin", t), ("dcos", d), ("dsin", d))}
         self.arange = cuda.malloc(L * 8)
         self.proposals = cuda.malloc((L + self.k_max + 1) * 8)
         self.rows_max = rows_max                                                # mask rows a call may read
@@ -104,12 +105,12 @@ class TensorRTBackend(GraphBackend):
         self.ids_host = cuda.pinned((L,), np.int64)
         self.top_host = cuda.pinned((L + self.k_max + 1,), np.int64)
         self.logits_host = cuda.pinned((2 * (self.k_max + 1), self.vocab_size), np.float32)
-        a = meta["action"]
-        S, W, A = a["samples"], a["n_waypoints"], a["action_dim"]
+        a = meta.action
+        S, W, A = a.samples, a.n_waypoints, a.action_dim
         self.x_host, self.v_host = cuda.pinned((S, W, A), np.float32), cuda.pinned((S, W, A), np.float32)
         self.t_host, self.v0_host = cuda.pinned((S,), np.float32), cuda.pinned((1,), np.float32)
         self.wp_host = cuda.pinned((1, W, 3), np.float32)
-        self.rope_host = cuda.pinned((2, S * W, t["head_dim"]), np.float32)
+        self.rope_host = cuda.pinned((2, S * W, t.head_dim), np.float32)
 
     def _kv_itemsize(self, model: str) -> int:
         """Bytes of one KV element of the target's or the draft's cache: the dtype TensorRT reports
@@ -127,7 +128,7 @@ class TensorRTBackend(GraphBackend):
         host = self.cuda.pinned((self.max_len,), np.int64)
         host[:] = np.arange(self.max_len)
         self.cuda.h2d(self.arange, host, self.stream)
-        if self.meta["draft_rope"] != "mrope":
+        if self.meta.draft_rope != "mrope":
             self._upload_rope("d", self.draft_rope(0, self.max_len))
         self.cuda("cudaStreamSynchronize", self.stream)
 
@@ -177,7 +178,7 @@ class TensorRTBackend(GraphBackend):
         e.run({})
         out = []
         for name in ("image_embeds", "deepstack"):
-            buf = self._staging(f"{graph}_{name}", output_dims(self.meta["graphs"][graph], name), e.dtype[name])
+            buf = self._staging(f"{graph}_{name}", self.meta.graphs[graph].dims(name, "outputs"), e.dtype[name])
             self.cuda.d2h(buf, e.buf[name], s)
             out.append(buf)
         self.cuda("cudaStreamSynchronize", s)
@@ -196,14 +197,14 @@ class TensorRTBackend(GraphBackend):
         cos, sin = self.target_rope(np.asarray(inputs.positions)[:, None])
         self._h2d_pair(e, cos, sin)
         self._mask_rows(e.buf["allowed"], 1, T)
-        hd, F, V = self.meta["target"]["head_dim"], self.feat_dim, self.vocab_size
+        hd, F, V = self.meta.target.head_dim, self.feat_dim, self.vocab_size
         images = {"image_embeds": v.buf["image_embeds"], "deepstack": v.buf["deepstack"]}
         out = {"feats": self.feats + F * 4} if self.fused else {}      # rows 0..T-1 at index 1..T
         e.run({"ids": (1, T), "cos": (1, T, hd), "sin": (1, T, hd), "allowed": (T, V)}, {**images, **out})
         self._write_rows("cache", e.buf["kv"], 0, T)
         self._upload_rope("", self.target_rope(np.arange(self.max_len)[None] + self.delta))
-        dhd = self.meta["draft_llm"]["head_dim"]
-        if self.meta["draft_rope"] == "mrope":
+        dhd = self.meta.draft_llm.head_dim
+        if self.meta.draft_rope == "mrope":
             self._upload_rope("d", self.target_rope(np.arange(self.max_len)[None] + self.delta))
             self._h2d_pair(dp, *self.draft_rope(0, T, np.asarray(inputs.positions)[:, None]))
             drope = {}
@@ -249,7 +250,7 @@ class TensorRTBackend(GraphBackend):
             else:
                 addr["ids"] = slot + 8 * (j - 1)
                 if self.fused:
-                    addr["feats"] = hidden[(j - 1) % 2] + (n_prev - 1) * self.meta["draft_llm"]["hidden"] * 4
+                    addr["feats"] = hidden[(j - 1) % 2] + (n_prev - 1) * self.meta.draft_llm.hidden * 4
             self._feed(e, start, n, addr)
             if sampling is not None:      # the host samples: one logits row back per proposal
                 self.ids_host[0], q = self.draw(self._read(e, n - 1, 1, "logits")[0], sampling, j)
@@ -292,7 +293,7 @@ class TensorRTBackend(GraphBackend):
         CUDA graph per verify width; `capture`: warm-up), the new K/V rows into the cache,
         features into `feats`."""
         n, e, cuda, s = len(tokens), self.engines[STEP], self.cuda, self.stream
-        hd = self.meta["target"]["head_dim"]
+        hd = self.meta.target.head_dim
         self.ids_host[:n] = tokens
         cuda.h2d(e.buf["ids"], self.ids_host[:n], s)
         self._inputs(e, self.rope["cos"], self.rope["sin"], hd, start, n)
@@ -305,10 +306,10 @@ class TensorRTBackend(GraphBackend):
 
     def _feed(self, e: Engine, start: int, n: int, addresses: dict) -> None:
         """One draft call of n tokens at `start` (eager: its addresses move along the chain)."""
-        d = self.meta["draft_llm"]
-        self._inputs(e, self.rope["dcos"], self.rope["dsin"], d["head_dim"], start, n)
-        feats = {"feats": (1, n, self.feat_dim if e.name == DRAFT_FEED else d["hidden"])} if self.fused else {}
-        e.run({"ids": (1, n), "cos": (1, n, d["head_dim"]), "sin": (1, n, d["head_dim"]),
+        d = self.meta.draft_llm
+        self._inputs(e, self.rope["dcos"], self.rope["dsin"], d.head_dim, start, n)
+        feats = {"feats": (1, n, self.feat_dim if e.name == DRAFT_FEED else d.hidden)} if self.fused else {}
+        e.run({"ids": (1, n), "cos": (1, n, d.head_dim), "sin": (1, n, d.head_dim),
                "allowed": (n, self.vocab_size), **feats}, addresses)
         self._write_rows("draft_cache", e.buf["new_kv"], start, n)
 
@@ -378,9 +379,9 @@ class TensorRTBackend(GraphBackend):
         cuda.h2d(vel.buf["cos"], self.rope_host[0], s)
         cuda.h2d(vel.buf["sin"], self.rope_host[1], s)
         self.x_host[:] = x
-        t = self.meta["target"]
+        t = self.meta.target
         shapes = {"x": x.shape, "t": (samples,), "cos": cos.shape, "sin": sin.shape,
-                  "context": (t["layers"], 2, 1, t["kv_heads"], rows, hd)}
+                  "context": (t.layers, 2, 1, t.kv_heads, rows, hd)}
         for ti in times:                                  # x <- x + dt v(x, t), t = i / steps
             self.t_host[:] = ti
             cuda.h2d(vel.buf["x"], self.x_host, s)

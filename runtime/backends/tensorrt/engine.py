@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prompt.artifacts import EnginesMeta, Manifest
 from prompt.config import ConfigError, file_sha256
 from runtime.backends.tensorrt.cuda import Cuda
 
@@ -107,45 +108,50 @@ def version(text: str) -> tuple:
     return tuple(int(p) for p in str(text).split(".")[:3] if p.isdigit())
 
 
-def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, sm: int,
+def check_manifest(folder: Path, meta: EnginesMeta, manifest: Manifest, trt_version: str, sm: int,
                    k_max: int | None = None) -> None:
     """Refuse engines that are not what this runtime needs, naming the difference."""
-    s, where = manifest["shapes"], f"{folder}/manifest.json"
+    s, where = manifest.shapes, f"{folder}/manifest.json"
     wrong = []
-    if s["max_len"] != meta["max_len"]:
-        wrong.append(f"shapes.max_len={s['max_len']} but the graphs have max_len={meta['max_len']}")
-    if k_max is not None and s["k_max"] != k_max:
-        wrong.append(f"shapes.k_max={s['k_max']} but the planner asks for k_max={k_max}")
-    if list(s["verify_widths"]) != [1, s["k_max"] + 1]:
-        wrong.append(f"shapes.verify_widths={s['verify_widths']}, expected [1, {s['k_max'] + 1}]")
-    p = meta["prompt"]
+    if s.max_len != meta.max_len:
+        wrong.append(f"shapes.max_len={s.max_len} but the graphs have max_len={meta.max_len}")
+    if k_max is not None and s.k_max != k_max:
+        wrong.append(f"shapes.k_max={s.k_max} but the planner asks for k_max={k_max}")
+    if list(s.verify_widths) != [1, s.k_max + 1]:
+        wrong.append(f"shapes.verify_widths={list(s.verify_widths)}, expected [1, {s.k_max + 1}]")
     for key in ("cameras", "frames", "image_hw"):
-        if list(np.atleast_1d(s[key])) != list(np.atleast_1d(p[key])):
-            wrong.append(f"shapes.{key}={s[key]} but the graphs were exported for {p[key]}")
-    if manifest["target_sm"] != sm:
-        wrong.append(f"built for sm_{manifest['target_sm']}, this GPU is sm_{sm}")
-    lo, below = manifest["tensorrt_range"]
+        built, exported = getattr(s, key), getattr(meta.prompt, key)
+        if list(np.atleast_1d(built)) != list(np.atleast_1d(exported)):
+            wrong.append(f"shapes.{key}={_json(built)} but the graphs were exported for {_json(exported)}")
+    if manifest.target_sm != sm:
+        wrong.append(f"built for sm_{manifest.target_sm}, this GPU is sm_{sm}")
+    lo, below = manifest.tensorrt_range
     if not version(lo) <= version(trt_version) < version(below):
         wrong.append(f"TensorRT {trt_version} here is outside the profile's range [{lo}, {below})")
-    other = sorted(g for g, e in manifest.get("engines", {}).items() if e.get("tensorrt") not in (trt_version, "trtexec"))
+    other = sorted(g for g, e in manifest.engines.items() if e.tensorrt not in (trt_version, "trtexec"))
     if other:
-        built = sorted({manifest["engines"][g].get("tensorrt") for g in other})
+        built = sorted({manifest.engines[g].tensorrt for g in other})
         wrong.append(f"TensorRT {trt_version} here, but {other} were built with TensorRT {built}")
-    for g, entry in manifest.get("engines", {}).items():
-        if file_sha256(folder / entry["file"]) != entry["sha256"]:
-            wrong.append(f"{entry['file']}: sha256 does not match the manifest (changed or damaged)")
-    for g, entry in meta["graphs"].items():
-        if g not in manifest.get("engines", {}):
+    for g, entry in manifest.engines.items():
+        if file_sha256(folder / entry.file) != entry.sha256:
+            wrong.append(f"{entry.file}: sha256 does not match the manifest (changed or damaged)")
+    for g, entry in meta.graphs.items():
+        if g not in manifest.engines:
             wrong.append(f"no engine for graph {g!r}")
-        if manifest["graphs"].get(g, {}).get("sha256") != entry["sha256"]:
+        built_from = manifest.graphs.get(g)
+        if built_from is None or built_from.sha256 != entry.sha256:
             wrong.append(f"graph {g!r}: the engine was built from another ONNX file than meta.json lists")
-        got, want = entry.get("precision", "fp32"), manifest["precision"].get(g)
-        if got == "int4_awq" and not manifest.get("int4_awq") or \
+        got, want = entry.precision, manifest.precision.get(g)
+        if got == "int4_awq" and not manifest.int4_awq or \
                 got != "int4_awq" and QUANTIZED.get(got) != (want if want in ("int8", "fp8") else None):
             wrong.append(f"graph {g!r}: meta.json says {got}, the manifest {want}")
-    if manifest.get("onnx_meta_sha256") not in (None, file_sha256(folder / "meta.json")):
+    if manifest.onnx_meta_sha256 not in (None, file_sha256(folder / "meta.json")):
         wrong.append("meta.json is not the one the engines were built from")
     if wrong:
         raise ConfigError(f"{where}: these engines do not match this runtime: " + "; ".join(wrong)
-                          + f". Rebuild on this device: make engines PROFILE={manifest['profile']}")
+                          + f". Rebuild on this device: make engines PROFILE={manifest.profile}")
 
+
+def _json(value) -> str:
+    """A shape as its JSON list reads (tuples from the typed cards print as lists)."""
+    return str(list(value)) if isinstance(value, (list, tuple)) else str(value)
