@@ -43,9 +43,7 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     t0 = time.perf_counter()
     meta = export_onnx(checkpoint, out, None, export_config(profile, planner), progress=lambda *_: None)
     progress(f"[1/3] export: {len(meta.graphs)} ONNX graphs -> {out} ({time.perf_counter() - t0:.0f} s)")
-    calibrated = calibrate(profile, out, meta, planner, progress)
-    if calibrated["status"] == "done":
-        meta = read_engines_meta(out)                          # meta.json now lists the quantized graphs
+    calibrated, meta = calibrate(profile, out, meta, planner, progress)
     trt, trtexec = find_tensorrt()
     steps = {"export": "done", "calibrate": calibrated["status"]}
     trtllm = write_trtllm(profile, checkpoint, out / "trtllm", planner, progress) if profile.trtllm.enabled else None
@@ -84,14 +82,14 @@ def check_planner(profile: EngineProfile, planner) -> None:
                           + "; ".join(f"shapes.{k}={a} vs {b}" for k, (a, b) in bad.items()))
 
 
-def calibrate(profile: EngineProfile, out: Path, meta: EnginesMeta, planner, progress) -> dict:
+def calibrate(profile: EngineProfile, out: Path, meta: EnginesMeta, planner, progress) -> tuple[dict, EnginesMeta]:
     """The profile's int8 / fp8 / int4 graphs from a calibration set of train scenes, the accuracy
     report against fp32 (out/report/), and out/meta.json switched to the quantized graphs (the fp32
-    ones stay, listed in its "fp32_graphs")."""
+    ones stay, listed in its "fp32_graphs") -> (what the manifest records, the meta.json now)."""
     plan = quantization_plan(profile)
     if not plan:
         progress("[2/3] calibrate: nothing to calibrate (no int8/fp8/int4 graphs in this profile)")
-        return {"status": "not needed", "graphs": {}}
+        return {"status": "not needed", "graphs": {}}, meta
     from calibration.pipeline import calibrate_folder
 
     c = profile.calibration
@@ -103,7 +101,7 @@ def calibrate(profile: EngineProfile, out: Path, meta: EnginesMeta, planner, pro
              f"{out / 'report' / 'report.md'} ({time.perf_counter() - t0:.0f} s)")
     for line in done["verdicts"]:
         progress(f"      {line}")
-    return {"status": "done", **done}
+    return {"status": "done", **done}, read_engines_meta(out)
 
 
 def quantization_plan(profile: EngineProfile) -> dict:

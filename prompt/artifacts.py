@@ -144,6 +144,17 @@ class DraftVocab:
     d2t: tuple
     d2t_sha256: str | None
 
+    @classmethod
+    def from_dict(cls, dv: dict, where: str) -> DraftVocab | None:
+        """meta.json's draft_vocab ({} for a full head: None)."""
+        if not dv:
+            return None
+        if dv.get("map") not in ("graph", "host") or not isinstance(dv.get("d2t"), list) or \
+                len(dv["d2t"]) != dv.get("n"):
+            raise ConfigError(f"{where}: draft_vocab needs n, map ('graph' or 'host') and a d2t list "
+                              f"of n ids; found map {dv.get('map')!r}, n {dv.get('n')!r}")
+        return cls(dv["n"], dv["map"], tuple(dv["d2t"]), dv.get("d2t_sha256"))
+
 
 @dataclass(frozen=True)
 class EnginesMeta(Card):
@@ -200,7 +211,7 @@ class EnginesMeta(Card):
                    target=_llm(f.table("target"), target=True), draft_llm=_llm(f.table("draft_llm")),
                    action=_action(f.table("action")),
                    graphs=graphs, fp32_graphs=_graphs(fp32, Path(folder), where, features) if fp32 else None,
-                   draft_vocab=_draft_vocab(f("draft_vocab", dict, {}), where),
+                   draft_vocab=DraftVocab.from_dict(f("draft_vocab", dict, {}), where),
                    calibration_sha256=f("calibration_sha256", (str, list), None), raw=meta)
         _check_declared_shapes(where, card)
         return card
@@ -273,17 +284,6 @@ def _llm(f: Table, target: bool = False) -> LlmDims:
 def _action(f: Table) -> ActionShapes:
     return ActionShapes(f("euler_steps", int), f("samples", int), f("combine", str), f("n_waypoints", int),
                         f("action_dim", int))
-
-
-def _draft_vocab(dv: dict, where: str) -> DraftVocab | None:
-    """meta.json's draft_vocab ({} for a full head)."""
-    if not dv:
-        return None
-    if dv.get("map") not in ("graph", "host") or not isinstance(dv.get("d2t"), list) or \
-            len(dv["d2t"]) != dv.get("n"):
-        raise ConfigError(f"{where}: draft_vocab needs n, map ('graph' or 'host') and a d2t list "
-                          f"of n ids; found map {dv.get('map')!r}, n {dv.get('n')!r}")
-    return DraftVocab(dv["n"], dv["map"], tuple(dv["d2t"]), dv.get("d2t_sha256"))
 
 
 def _check_declared_shapes(where: str, meta: EnginesMeta) -> None:
@@ -510,6 +510,7 @@ class Manifest(Card):
     calibration: dict
     steps: dict
     needs: dict
+    tools: dict                     # {package: version} of the build machine
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -538,7 +539,8 @@ class Manifest(Card):
         return cls(Path(folder), f("profile", str), f("built", bool), f("planner", str, None),
                    f("target_sm", int, None), tuple(f("tensorrt_range", list, [])), shapes, f("precision", dict, {}),
                    f("int4_awq", bool, False), graphs, f("onnx_meta_sha256", str, None), engines, trtllm,
-                   f("calibration", dict, {}), f("steps", dict, {}), f("needs", dict, {}), raw=m)
+                   f("calibration", dict, {}), f("steps", dict, {}), f("needs", dict, {}), f("tools", dict, {}),
+                   raw=m)
 
 
 def read_manifest(folder, backend: str | None = None) -> Manifest:

@@ -39,7 +39,7 @@ def stub_export(checkpoint, out, draft, cfg, progress=print):
 def stub_calibrate(profile, out, meta, planner, progress):
     """The ONNX calibration step is tested in test_calibration.py; the stub export has no graphs."""
     progress("[2/3] calibrate (stubbed)")
-    return {"status": "stubbed", "graphs": {}}
+    return {"status": "stubbed", "graphs": {}}, meta
 
 
 @pytest.fixture(scope="module")
