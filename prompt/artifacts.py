@@ -60,6 +60,14 @@ class Table:
             raise ConfigError(f"{self.where}: field {name!r} = {value!r} is not {getattr(kind, '__name__', kind)}")
         return value
 
+    @classmethod
+    def of_format(cls, data, where: str, fmt: str) -> Table:
+        """`data` once its "format" is `fmt`; else a ConfigError saying which format it has."""
+        got = data.get("format") if isinstance(data, dict) else None
+        if got != fmt:
+            raise ConfigError(f"{where}: format {got!r}, expected {fmt!r}")
+        return cls(data, where)
+
     def table(self, key: str, default=_MISSING) -> Table:
         return Table(self(key, dict, default), self.where, f"{self.prefix}{key}.")
 
@@ -444,11 +452,7 @@ class TrtllmMeta(Card):
 
     @classmethod
     def from_dict(cls, meta: dict, folder) -> TrtllmMeta:
-        where = f"{folder}/{META}"
-        if not isinstance(meta, dict) or meta.get("format") != TRTLLM_FORMAT:
-            raise ConfigError(f"{where}: format {meta.get('format') if isinstance(meta, dict) else None!r}, "
-                              f"expected {TRTLLM_FORMAT!r}")
-        f = Table(meta, where)
+        f = Table.of_format(meta, f"{folder}/{META}", TRTLLM_FORMAT)
         return cls(f("role", str), f("files", dict), f("source", str, None), f("source_sha256", dict, {}),
                    f("calibration", dict, None), f("cannot_build_at_release", list, []), f("draft_vocab", dict, None),
                    f("trtllm_release", str, None), raw=meta)
@@ -516,10 +520,7 @@ class Manifest(Card):
     @classmethod
     def from_dict(cls, m: dict, folder) -> Manifest:
         where = f"{folder}/{MANIFEST}"
-        if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
-            raise ConfigError(f"{where}: format {m.get('format') if isinstance(m, dict) else None!r}, "
-                              f"expected {MANIFEST_FORMAT!r}")
-        f = Table(m, where)
+        f = Table.of_format(m, where, MANIFEST_FORMAT)
         s = f.table("shapes")
         shapes = BuildShapes(s("max_prompt", int), s("max_len", int), s("k_max", int), s("cameras", int),
                              s("frames", int), tuple(s("image_hw", list)), tuple(s("verify_widths", list)))

@@ -62,8 +62,8 @@ def test_the_set_is_keyed_by_input_names_and_hashed(calibrated):
     folder, fp32, done, _ = calibrated
     calib = load(folder / "calibration")
     assert calib.sha256 == done["calibration_sha256"] and len(calib.scenes) == 6
-    for graph, entry in fp32["graphs"].items():
-        names = [i["name"] for i in entry["inputs"]]
+    for graph, entry in fp32.graphs.items():
+        names = [i.name for i in entry.inputs]
         samples = calib.samples(graph)
         assert samples, graph
         for s in samples:
@@ -176,7 +176,7 @@ def test_int4_on_the_all_gemm_vision_tower_is_refused_not_faked(calibrated, tmp_
     folder, fp32, _, _ = calibrated
     samples = load(folder / "calibration").samples("vision")[:2]
     with pytest.raises(cq.NothingToQuantize, match="nothing in it can be quantized to int4_awq"):
-        cq.quantize_graph(folder / fp32["graphs"]["vision"]["file"], tmp_path / "v.onnx", samples, "int4_awq")
+        cq.quantize_graph(folder / fp32.graphs["vision"].file, tmp_path / "v.onnx", samples, "int4_awq")
     assert not (tmp_path / "v.onnx").exists()
 
 
@@ -205,7 +205,7 @@ def test_int8_graphs_speculative_equals_plain(calibrated):
 def test_int8_step_is_quantized_yet_close(calibrated):
     folder, fp32, _, _ = calibrated
     calib = load(folder / "calibration")
-    s32, s8 = session(folder / fp32["graphs"]["step"]["file"]), session(folder / "quant/int8/step.onnx")
+    s32, s8 = session(folder / fp32.graphs["step"].file), session(folder / "quant/int8/step.onnx")
     agree, diff = [], 0.0
     for x in calib.samples("step"):
         a, b = s32.run(None, x), s8.run(None, x)
@@ -219,10 +219,10 @@ def test_smoothquant_keeps_the_function(calibrated):
     """Smoothing alone (no Q/DQ) moves scales between activations and weights: same outputs."""
     folder, fp32, _, _ = calibrated
     samples = load(folder / "calibration").samples("step")[:3]
-    m = onnx.load(str(folder / fp32["graphs"]["step"]["file"]))
+    m = onnx.load(str(folder / fp32.graphs["step"].file))
     n = cq.smooth_graph(m, samples)
     assert n == len([x for x in m.graph.node if x.op_type == "MatMul" and x.input[0].endswith("_smoothed")]) > 0
-    s0, s1 = session(folder / fp32["graphs"]["step"]["file"]), session(None, m)
+    s0, s1 = session(folder / fp32.graphs["step"].file), session(None, m)
     for x in samples:
         for a, b in zip(s0.run(None, x), s1.run(None, x)):
             if a.dtype.kind == "f":
@@ -237,12 +237,12 @@ def test_other_precisions_hold_their_types(calibrated, tmp_path, precision, hold
     folder, fp32, _, _ = calibrated
     samples = load(folder / "calibration").samples("step")
     dst = tmp_path / "step.onnx"
-    info = cq.quantize_graph(folder / fp32["graphs"]["step"]["file"], dst, samples, precision)
+    info = cq.quantize_graph(folder / fp32.graphs["step"].file, dst, samples, precision)
     m = onnx.load(str(dst))
     cq.check_zero_points(m)
     assert set(cq.quantized_types(m)) == {holds}, cq.quantized_types(m)
     assert info["dequantize_nodes"] > 0 and (precision != "int4_awq" or info["zero_points_added"] > 0)
-    s32, sq = session(folder / fp32["graphs"]["step"]["file"]), session(dst)
+    s32, sq = session(folder / fp32.graphs["step"].file), session(dst)
     agree = [np.mean(s32.run(None, x)[1] == sq.run(None, x)[1]) for x in samples]
     print(precision, info, f"argmax agreement {np.mean(agree):.3f}")
     assert np.mean(agree) >= 0.8
@@ -250,7 +250,7 @@ def test_other_precisions_hold_their_types(calibrated, tmp_path, precision, hold
 
 def test_unknown_precision_and_method_are_refused(calibrated, tmp_path):
     folder, fp32, _, _ = calibrated
-    src = folder / fp32["graphs"]["step"]["file"]
+    src = folder / fp32.graphs["step"].file
     with pytest.raises(ConfigError, match="calibration makes"):
         cq.quantize_graph(src, tmp_path / "x.onnx", [{}], "int2")
     with pytest.raises(ConfigError, match="one of \\['max'\\]"):
@@ -314,8 +314,8 @@ def test_calibrate_cli_errors(tiny_onnx, tmp_path, capsys):
 
 def test_cache_inputs_are_the_kv_graphs(calibrated):
     folder, fp32, _, _ = calibrated
-    with_cache = {g for g, e in fp32["graphs"].items() if any(i["name"] in CACHE_INPUTS for i in e["inputs"])}
-    assert with_cache == {"step", "draft_feed", "draft_chain"} & set(fp32["graphs"])
+    with_cache = {g for g, e in fp32.graphs.items() if any(i.name in CACHE_INPUTS for i in e.inputs)}
+    assert with_cache == {"step", "draft_feed", "draft_chain"} & set(fp32.graphs)
     assert Path(folder / "calibration" / "index.json").is_file()
 
 
