@@ -68,9 +68,9 @@ def test_the_set_is_keyed_by_input_names_and_hashed(calibrated):
         assert samples, graph
         for s in samples:
             assert sorted(s) == sorted(names), graph
-            for spec in entry["inputs"]:        # fixed axes as exported (caches padded back to max_len)
-                fixed = [(d, n) for d, n in zip(spec["shape"], s[spec["name"]].shape) if isinstance(d, int)]
-                assert all(d == n for d, n in fixed), (graph, spec, s[spec["name"]].shape)
+            for spec in entry.inputs:           # fixed axes as exported (caches padded back to max_len)
+                fixed = [(d, n) for d, n in zip(spec.shape, s[spec.name].shape) if isinstance(d, int)]
+                assert all(d == n for d, n in fixed), (graph, spec, s[spec.name].shape)
     widths = {s["ids"].shape[1] for s in calib.graphs["step"]}
     assert 9 in widths, widths                   # k_max + 1: every other scene runs k = k_max
     assert all(s["cache"].shape[-2] < calib.max_len for s in calib.graphs["step"])   # stored trimmed
