@@ -23,6 +23,7 @@ INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer`
            "and cuda-python for device memory and streams: `pip install 'cuda-python>=12'` (pycuda is "
            "not needed)")
 
+
 def import_libraries():
     """(tensorrt, cuda runtime) imported now, or a ConfigError naming the package and the route."""
     try:
