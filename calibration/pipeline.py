@@ -16,17 +16,18 @@ from calibration.record import record
 from calibration.report import accuracy_report, write_report
 from calibration.scenes import calibration_scenes
 from calibration.variants import quantize_folder, select
+from prompt.artifacts import EnginesMeta
 from prompt.config import ConfigError
 
 
-def calibrate_folder(folder: Path, meta: dict, plan: dict, planner, prompts: int = 128, seed: int = 0,
+def calibrate_folder(folder: Path, meta: EnginesMeta, plan: dict, planner, prompts: int = 128, seed: int = 0,
                      method=None, report_scenes: int = 16, blame: bool = True, threads: int = 1,
                      progress=print) -> dict:
     """Every step above for {graph: precision}; -> what the manifest records."""
     from runtime.artifacts import load_tokenizer
 
     folder = Path(folder)
-    if meta.get("fp32_graphs"):
+    if meta.fp32_graphs:
         raise ConfigError(f"{folder}/meta.json already points at quantized graphs; calibrate a fresh export")
     tok = load_tokenizer(folder)
     progress(f"recording the calibration set: {prompts} train scenes through the fp32 graphs")
@@ -39,7 +40,7 @@ def calibrate_folder(folder: Path, meta: dict, plan: dict, planner, prompts: int
                              method=method, threads=threads, progress=progress)
     files = write_report(report, folder / "report")
     deployed = select(meta, entries)
-    (folder / "meta.json").write_text(json.dumps(deployed, indent=2) + "\n")
+    (folder / "meta.json").write_text(json.dumps(deployed.to_dict(), indent=2) + "\n")
     return {"calibration_sha256": calib.sha256, "calibration_scenes": calib.scenes,
             "graphs": {g: e["precision"] for g, e in entries.items()},
             "files": {g: e["file"] for g, e in entries.items()},

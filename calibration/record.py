@@ -28,6 +28,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 from tqdm import tqdm
 
+from prompt.artifacts import EnginesMeta
 from prompt.config import ConfigError, file_sha256, read_json
 from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, PREFILL, STEP, VISION, VISION_FRAME
 
@@ -158,7 +159,7 @@ def frame_samples(vision_samples: list[dict], images: int) -> list[dict]:
     return out
 
 
-def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: int = 1,
+def record(folder: Path, meta: EnginesMeta, tokenizer, planner_cfg, scenes, per_scene: int = 1,
            threads: int = 1, progress: bool = True) -> CalibrationSet:
     """Run the fp32 graphs of `folder` through the planner on `scenes`; keep what each graph saw."""
     from runtime.backends.onnxruntime import OrtBackend
@@ -198,9 +199,9 @@ def record(folder: Path, meta: dict, tokenizer, planner_cfg, scenes, per_scene: 
     finally:
         for p in planners:
             p.close()
-    if VISION_FRAME in meta["graphs"] and VISION_FRAME not in out.graphs and VISION in out.graphs:
+    if VISION_FRAME in meta.graphs and VISION_FRAME not in out.graphs and VISION in out.graphs:
         out.graphs[VISION_FRAME] = frame_samples(out.graphs[VISION], len(planner_cfg.cameras) * planner_cfg.frames)
-    missing = sorted(set(meta["graphs"]) - set(out.graphs))
+    missing = sorted(set(meta.graphs) - set(out.graphs))
     if missing:
         raise ConfigError(f"calibration: the planner never called {missing} on {len(scenes)} scenes; "
                           "use more scenes or a planner profile that reaches them")

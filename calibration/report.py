@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from calibration.quantize import NothingToQuantize
 from calibration.variants import graphs_of, quantize_folder, select
+from prompt.artifacts import EnginesMeta
 from prompt.config import ConfigError
 
 GOAL = {"tau": 0.03, "ade": 0.05}       # relative to fp32
@@ -48,7 +49,7 @@ class Variant:
         return {g: self.precision for g in self.graphs}
 
 
-def variants(meta: dict, precisions, blame: bool = True) -> list[Variant]:
+def variants(meta: EnginesMeta, precisions, blame: bool = True) -> list[Variant]:
     out = [Variant("fp32", "fp32", [])]
     for p in precisions:
         if p == "fp32":
@@ -79,7 +80,7 @@ def heldout_scenes(n: int, seed: int = 0) -> list:
     return [make_scene(scene_seed(seed, SPLIT, i), split=SPLIT) for i in range(n)]
 
 
-def run_variant(folder: Path, meta: dict, tokenizer, cfg, scenes, threads: int = 1) -> list[dict]:
+def run_variant(folder: Path, meta: EnginesMeta, tokenizer, cfg, scenes, threads: int = 1) -> list[dict]:
     """One planner cycle per scene on the graphs `meta` names -> per-scene records."""
     from runtime.backends.onnxruntime import OrtBackend
     from runtime.planner import Planner
@@ -125,7 +126,7 @@ def judge(s: dict, fp32: dict) -> dict:
             "ade_ok": ade is not None and ade <= GOAL["ade"]}
 
 
-def accuracy_report(folder: Path, meta: dict, tokenizer, cfg, calib, precisions, scenes: int = 16,
+def accuracy_report(folder: Path, meta: EnginesMeta, tokenizer, cfg, calib, precisions, scenes: int = 16,
                     seed: int = 0, blame: bool = True, method=None, threads: int = 1,
                     progress=print) -> dict:
     """Quantize what the variants need (reusing files already made), run them, -> the report."""

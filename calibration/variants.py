@@ -5,10 +5,11 @@
     FOLDER/quant/PRECISION/GRAPH.onnx       quantized from GRAPH.onnx with that set
     FOLDER/quant/index.json                 what each quantized file is: source hash, set hash, method
 
-meta.json's "graphs" is what the ONNX Runtime backend runs; `select(meta, {graph: precision})`
+meta.json's "graphs" is what the ONNX Runtime backend runs; `select(meta, {graph: entry})`
 returns a meta whose graphs are the chosen files (the fp32 ones elsewhere), each entry saying its
 precision and, when quantized, the calibration set's hash. The fp32 entries are kept in
-meta["fp32_graphs"] so a folder whose meta.json was switched to INT8 still knows its reference.
+meta.json's "fp32_graphs" so a folder whose meta.json was switched to INT8 still knows its
+reference (EnginesMeta.reference()).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from calibration.quantize import (PRECISIONS, QUANTIZER_VERSION, modelopt_versio
                                   quantized_types)
 from prompt.config import ConfigError, file_sha256
 from prompt.graphs import ACTION_VELOCITY, DRAFT_GRAPHS, PREFILL, STEP, TARGET_LLM_GRAPHS, VISION
-from prompt.meta import stamp_facts
+from prompt.artifacts import EnginesMeta, stamp_facts
 
 TARGET, DRAFT = TARGET_LLM_GRAPHS, DRAFT_GRAPHS
 GROUPS = {"target": TARGET, "draft": DRAFT, "vision": (VISION,), "action": (ACTION_VELOCITY,),
@@ -32,13 +33,9 @@ QUANTIZABLE = (*TARGET, *DRAFT, VISION, ACTION_VELOCITY)
 INDEX = "index.json"
 
 
-def fp32_graphs(meta: dict) -> dict:
-    return meta.get("fp32_graphs") or meta["graphs"]
-
-
-def graphs_of(meta: dict, groups) -> list[str]:
+def graphs_of(meta: EnginesMeta, groups) -> list[str]:
     """Graph names of the groups (GROUPS keys or graph names) that this export has."""
-    have = fp32_graphs(meta)
+    have = meta.reference().graphs
     out = []
     for g in groups:
         if g not in GROUPS and g not in QUANTIZABLE:
@@ -47,14 +44,14 @@ def graphs_of(meta: dict, groups) -> list[str]:
     return out
 
 
-def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, progress=print) -> dict:
+def quantize_folder(folder: Path, meta: EnginesMeta, calib, plan: dict, method=None, progress=print) -> dict:
     """Quantized files for {graph: precision} (reused when source, set and method are unchanged);
     -> {graph: meta entry of the quantized file}. `method`: a calibration method, None (each
     precision's default) or a function precision -> method."""
     folder = Path(folder)
     index_file = folder / "quant" / INDEX
     index = json.loads(index_file.read_text()) if index_file.is_file() else {}
-    src_graphs = fp32_graphs(meta)
+    src_graphs = meta.reference().graphs
     out = {}
     for graph, precision in plan.items():
         if precision == "fp32":
@@ -68,7 +65,7 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, pr
         how = method(precision) if callable(method) else method
         rel = f"quant/{precision}/{graph}.onnx"
         key = f"{precision}/{graph}"
-        want = {"source_sha256": src["sha256"], "calibration_sha256": calib.sha256, "asked": how,
+        want = {"source_sha256": src.sha256, "calibration_sha256": calib.sha256, "asked": how,
                 "quantizer": [QUANTIZER_VERSION, modelopt_version()]}
         dst = folder / rel
         done = index.get(key)
@@ -78,7 +75,7 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, pr
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            info = quantize_graph(folder / src["file"], dst, calib.samples(graph), precision, how)
+            info = quantize_graph(folder / src.file, dst, calib.samples(graph), precision, how)
             import onnx
             info.update(want, sha256=file_sha256(dst), holds=quantized_types(onnx.load(str(dst))),
                         seconds=round(time.perf_counter() - t0, 1))
@@ -87,22 +84,20 @@ def quantize_folder(folder: Path, meta: dict, calib, plan: dict, method=None, pr
             index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
             progress(f"  quantized {graph} -> {precision} ({info['method']}, {info['samples']} samples, "
                      f"{info['dequantize_nodes']} DequantizeLinear) in {info['seconds']} s")
-        out[graph] = {**src, "file": rel, "sha256": info["sha256"], "precision": precision,
+        out[graph] = {**src.to_dict(), "file": rel, "sha256": info["sha256"], "precision": precision,
                       "quantization": {k: info[k] for k in ("method", "samples", "calibration_sha256",
                                                             "source_sha256", "holds", "excluded",
                                                             "quantizer") if k in info}}
     return out
 
 
-def select(meta: dict, entries: dict) -> dict:
-    """A copy of meta whose graphs are `entries` where given, fp32 elsewhere."""
-    m = copy.deepcopy(meta)
-    base = copy.deepcopy(fp32_graphs(meta))
-    for e in base.values():
-        e.setdefault("precision", "fp32")
-    m["fp32_graphs"] = copy.deepcopy(base)
-    m["graphs"] = {g: copy.deepcopy(entries.get(g, e)) for g, e in base.items()}
-    m["precision"] = {g: e["precision"] for g, e in m["graphs"].items()}
-    sets = {e["quantization"]["calibration_sha256"] for e in m["graphs"].values() if "quantization" in e}
-    m["calibration_sha256"] = sets.pop() if len(sets) == 1 else sorted(sets) or None
-    return stamp_facts(m)
+def select(meta: EnginesMeta, entries: dict) -> EnginesMeta:
+    """A copy of meta whose graphs are `entries` ({graph: meta.json entry}) where given, fp32
+    elsewhere; its facts stamped as written."""
+    base = {g: {**e.to_dict(), "precision": e.precision} for g, e in meta.reference().graphs.items()}
+    graphs = {g: copy.deepcopy(entries.get(g, e)) for g, e in base.items()}
+    sets = {e["quantization"]["calibration_sha256"] for e in graphs.values() if "quantization" in e}
+    written = {**meta.to_dict(), "fp32_graphs": copy.deepcopy(base), "graphs": graphs,
+               "precision": {g: e["precision"] for g, e in graphs.items()},
+               "calibration_sha256": sets.pop() if len(sets) == 1 else sorted(sets) or None}
+    return EnginesMeta.from_dict(stamp_facts(written), meta.folder)

@@ -23,10 +23,10 @@ from pathlib import Path
 from engines.profile import EngineProfile
 from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
-from prompt.config import ConfigError, file_sha256, read_json, to_dict
+from prompt.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
+from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.graphs import DRAFT_PREFILL, PREFILL, TARGET_LLM_GRAPHS
 
-MANIFEST = "specdrive-engines-manifest"
 BUILT, MISSING_TENSORRT = 0, 3
 INSTALL_TENSORRT = {
     "orin": "JetPack 6.1+: `sudo apt install nvidia-tensorrt python3-libnvinfer` (TensorRT 10.3; "
@@ -42,9 +42,8 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     meta = export_onnx(checkpoint, out, None, export_config(profile, planner), progress=lambda *_: None)
-    progress(f"[1/3] export: {len(meta['graphs'])} ONNX graphs -> {out} ({time.perf_counter() - t0:.0f} s)")
-    calibrated = calibrate(profile, out, meta, planner, progress)
-    meta = read_json(out / "meta.json", "export metadata")     # the quantized graphs, where calibrated
+    progress(f"[1/3] export: {len(meta.graphs)} ONNX graphs -> {out} ({time.perf_counter() - t0:.0f} s)")
+    calibrated, meta = calibrate(profile, out, meta, planner, progress)
     trt, trtexec = find_tensorrt()
     steps = {"export": "done", "calibrate": calibrated["status"]}
     trtllm = write_trtllm(profile, checkpoint, out / "trtllm", planner, progress) if profile.trtllm.enabled else None
@@ -83,14 +82,14 @@ def check_planner(profile: EngineProfile, planner) -> None:
                           + "; ".join(f"shapes.{k}={a} vs {b}" for k, (a, b) in bad.items()))
 
 
-def calibrate(profile: EngineProfile, out: Path, meta: dict, planner, progress) -> dict:
+def calibrate(profile: EngineProfile, out: Path, meta: EnginesMeta, planner, progress) -> tuple[dict, EnginesMeta]:
     """The profile's int8 / fp8 / int4 graphs from a calibration set of train scenes, the accuracy
     report against fp32 (out/report/), and out/meta.json switched to the quantized graphs (the fp32
-    ones stay, listed in its "fp32_graphs")."""
+    ones stay, listed in its "fp32_graphs") -> (what the manifest records, the meta.json now)."""
     plan = quantization_plan(profile)
     if not plan:
         progress("[2/3] calibrate: nothing to calibrate (no int8/fp8/int4 graphs in this profile)")
-        return {"status": "not needed", "graphs": {}}
+        return {"status": "not needed", "graphs": {}}, meta
     from calibration.pipeline import calibrate_folder
 
     c = profile.calibration
@@ -102,7 +101,7 @@ def calibrate(profile: EngineProfile, out: Path, meta: dict, planner, progress) 
              f"{out / 'report' / 'report.md'} ({time.perf_counter() - t0:.0f} s)")
     for line in done["verdicts"]:
         progress(f"      {line}")
-    return {"status": "done", **done}
+    return {"status": "done", **done}, read_engines_meta(out)
 
 
 def quantization_plan(profile: EngineProfile) -> dict:
@@ -133,28 +132,26 @@ def device_family(profile: EngineProfile) -> str:
     return "orin" if profile.target_sm == 87 else "thor" if profile.target_sm in (101, 110) else "other"
 
 
-def write_manifest(profile, checkpoint, out: Path, meta: dict, steps: dict, calibrated: dict, built: bool,
+def write_manifest(profile, checkpoint, out: Path, meta: EnginesMeta, steps: dict, calibrated: dict, built: bool,
                    install: str = "", engines: dict | None = None, trtllm: dict | None = None) -> dict:
     s = profile.shapes
     manifest = {
-        "format": MANIFEST, "format_version": 1, "profile": profile.name, "built": built, "steps": steps,
+        "format": MANIFEST_FORMAT, "format_version": 1, "profile": profile.name, "built": built, "steps": steps,
         "device": profile.device, "target_sm": profile.target_sm, "platform": profile.platform,
         "tensorrt_range": [profile.tensorrt_min, profile.tensorrt_below],
         "planner": profile.planner, "checkpoint": str(checkpoint),
         "shapes": {**to_dict(s), "verify_widths": list(s.verify_widths)},
         "precision": dict(profile.precision.items()), "int4_awq": profile.int4_awq,
         "calibration": calibrated,
-        "graphs": {n: {"file": g["file"], "sha256": g["sha256"]} for n, g in meta["graphs"].items()},
+        "graphs": {n: {"file": g.file, "sha256": g.sha256} for n, g in meta.graphs.items()},
         "onnx_meta_sha256": file_sha256(out / "meta.json"),
         "tools": tool_versions(), "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if not built:
-        manifest["needs"] = {"step": "build", "what": "TensorRT (the `tensorrt` Python package or trtexec)",
-                             "install": install}
-    if engines:
-        manifest["engines"] = engines
-    if trtllm:
-        manifest["trtllm"] = trtllm
+        manifest |= {"needs": {"step": "build", "what": "TensorRT (the `tensorrt` Python package or trtexec)",
+                               "install": install}}
+    manifest |= {"engines": engines} if engines else {}
+    manifest |= {"trtllm": trtllm} if trtllm else {}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
@@ -167,13 +164,6 @@ def tool_versions() -> dict:
         except importlib.metadata.PackageNotFoundError:
             found[dist] = None
     return found
-
-
-def read_manifest(folder: Path) -> dict:
-    m = read_json(Path(folder) / "manifest.json", "engines manifest")
-    if m.get("format") != MANIFEST:
-        raise ConfigError(f"{folder}/manifest.json: format {m.get('format')!r}, expected {MANIFEST!r}")
-    return m
 
 
 # --- TensorRT (UNTESTED: written against TensorRT's documented Python builder API and trtexec's
@@ -191,23 +181,23 @@ def dim_ranges(profile: EngineProfile, graph: str) -> list[dict]:
     return [{"T": verify, **other}, {"T": rows, **other}]
 
 
-def _shape(spec: dict, axes: dict, which: int) -> tuple:
-    return tuple(axes[d][which] if isinstance(d, str) else d for d in spec["shape"])
+def _shape(spec: TensorSpec, axes: dict, which: int) -> tuple:
+    return tuple(axes[d][which] if isinstance(d, str) else d for d in spec.shape)
 
 
-def build_engines(profile: EngineProfile, out: Path, meta: dict, trt, trtexec, progress) -> dict:
+def build_engines(profile: EngineProfile, out: Path, meta: EnginesMeta, trt, trtexec, progress) -> dict:
     """UNTESTED here. One engine per graph -> {graph: {file, sha256, tensorrt}}."""
     (out / "trt").mkdir(exist_ok=True)
     engines = {}
-    for graph, g in meta["graphs"].items():
+    for graph, g in meta.graphs.items():
         t0 = time.perf_counter()
         dst = out / "trt" / f"{graph}.engine"
         prec = getattr(profile.precision, graph)
         if trt is not None:
-            dst.write_bytes(_build_python(trt, out / g["file"], g, prec, dim_ranges(profile, graph)))
+            dst.write_bytes(_build_python(trt, out / g.file, g, prec, dim_ranges(profile, graph)))
             version = trt.__version__
         else:
-            subprocess.run(_trtexec_command(trtexec, out / g["file"], dst, g, prec,
+            subprocess.run(_trtexec_command(trtexec, out / g.file, dst, g, prec,
                                             dim_ranges(profile, graph)[0]), check=True)
             version = "trtexec"
         engines[graph] = {"file": f"trt/{dst.name}", "sha256": file_sha256(dst), "tensorrt": version}
@@ -215,7 +205,7 @@ def build_engines(profile: EngineProfile, out: Path, meta: dict, trt, trtexec, p
     return engines
 
 
-def _build_python(trt, onnx_file: Path, g: dict, prec: str, ranges: list[dict]) -> bytes:
+def _build_python(trt, onnx_file: Path, g: Graph, prec: str, ranges: list[dict]) -> bytes:
     """UNTESTED. Strongly typed on TensorRT >= 10 for Q/DQ graphs (the Q/DQ nodes fix the types),
     precision flags on 8.6 (explicit batch is the default from 10 on and must be asked for before)."""
     logger = trt.Logger(trt.Logger.WARNING)
@@ -236,9 +226,9 @@ def _build_python(trt, onnx_file: Path, g: dict, prec: str, ranges: list[dict]) 
             config.set_flag(getattr(trt.BuilderFlag, flag))
     for axes in ranges:
         opt = builder.create_optimization_profile()
-        for spec in g["inputs"]:
-            if any(isinstance(d, str) for d in spec["shape"]):
-                opt.set_shape(spec["name"], *(_shape(spec, axes, i) for i in range(3)))
+        for spec in g.inputs:
+            if any(isinstance(d, str) for d in spec.shape):
+                opt.set_shape(spec.name, *(_shape(spec, axes, i) for i in range(3)))
         config.add_optimization_profile(opt)
     engine = builder.build_serialized_network(network, config)
     if engine is None:
@@ -246,12 +236,12 @@ def _build_python(trt, onnx_file: Path, g: dict, prec: str, ranges: list[dict]) 
     return bytes(engine)
 
 
-def _trtexec_command(trtexec: str, onnx_file: Path, dst: Path, g: dict, prec: str, axes: dict) -> list[str]:
+def _trtexec_command(trtexec: str, onnx_file: Path, dst: Path, g: Graph, prec: str, axes: dict) -> list[str]:
     """UNTESTED. trtexec takes one optimization profile per shape triple: the first range."""
-    dyn = [s for s in g["inputs"] if any(isinstance(d, str) for d in s["shape"])]
+    dyn = [s for s in g.inputs if any(isinstance(d, str) for d in s.shape)]
     cmd = [trtexec, f"--onnx={onnx_file}", f"--saveEngine={dst}"]
     for flag, i in (("--minShapes", 0), ("--optShapes", 1), ("--maxShapes", 2)):
         if dyn:
-            cmd.append(flag + "=" + ",".join(f"{s['name']}:" + "x".join(map(str, _shape(s, axes, i))) for s in dyn))
+            cmd.append(flag + "=" + ",".join(f"{s.name}:" + "x".join(map(str, _shape(s, axes, i))) for s in dyn))
     cmd += {"fp16": ["--fp16"], "bf16": ["--bf16"], "int8": ["--stronglyTyped"], "fp8": ["--stronglyTyped"]}.get(prec, [])
     return cmd

@@ -45,11 +45,11 @@ import torch
 from models import io
 from models.draft import Draft
 from models.names import check_names
+from prompt.artifacts import TRTLLM_FORMAT as FORMAT, TrtllmMeta
 from prompt.config import ConfigError, file_sha256
 from prompt.draft_vocab import d2t_sha256
 
 TRTLLM_RELEASE = "1.0.0rc4"
-FORMAT = "specdrive-trtllm-checkpoint"
 FP8_MAX = 448.0            # largest finite float8_e4m3fn value
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FP8_DTYPE = torch.float8_e4m3fn
@@ -214,7 +214,7 @@ def write_checkpoint(folder: Path, config: dict, weights: dict, meta: dict) -> P
     return folder
 
 
-def read_checkpoint(folder: Path) -> tuple[dict, dict, dict]:
+def read_checkpoint(folder: Path) -> tuple[dict, dict, TrtllmMeta]:
     """(config.json, tensors, meta.json) of a folder; names and shapes checked against config.json,
     hashes against meta.json. Safetensors and JSON only."""
     folder = Path(folder)
@@ -222,10 +222,8 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict, dict]:
         if not (folder / f).is_file():
             raise ConfigError(f"{folder}: no {f}; a TensorRT-LLM checkpoint of ours has config.json, "
                               "rank0.safetensors and meta.json")
-    meta = json.loads((folder / "meta.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise ConfigError(f"{folder}/meta.json: format {meta.get('format')!r}, expected {FORMAT!r}")
-    for f, sha in meta["files"].items():
+    meta = TrtllmMeta.from_dict(json.loads((folder / "meta.json").read_text()), folder)
+    for f, sha in meta.files.items():
         if file_sha256(folder / f) != sha:
             raise ConfigError(f"{folder}/{f}: sha256 differs from meta.json; the file was changed")
     config = json.loads((folder / "config.json").read_text())
@@ -374,18 +372,18 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
     for role, (_, llm, state) in models.items():
         config = trtllm_config(llm, role, dtype, profile.shapes.max_len, fp8[role])
         weights = to_trtllm({k: v.detach() for k, v in state.items()}, llm, dtype, amax[role])
+        blockers = limits(cfg, role)
         meta = {"role": role, "source": str(sources[role]),
-                "source_sha256": io.read_meta(sources[role])["modules"],
-                "calibration": calib if fp8[role] else None, "cannot_build_at_release": limits(cfg, role)}
-        meta["source_sha256"] = {m: e["sha256"] for m, e in meta["source_sha256"].items()}
+                "source_sha256": {m: e.sha256 for m, e in io.read_meta(sources[role]).modules.items()},
+                "calibration": calib if fp8[role] else None, "cannot_build_at_release": blockers}
         if role == "draft" and draft.cfg.vocab:
             d2t = draft.d2t.cpu().numpy()
-            meta["draft_vocab"] = {"n": int(draft.cfg.vocab), "d2t_sha256": d2t_sha256(d2t), "off_head":
-                                   "lm_head rows outside d2t are zero; the runtime bans them as bad words"}
+            meta |= {"draft_vocab": {"n": int(draft.cfg.vocab), "d2t_sha256": d2t_sha256(d2t), "off_head":
+                                     "lm_head rows outside d2t are zero; the runtime bans them as bad words"}}
         write_checkpoint(out / role, config, weights, meta)
         entry["checkpoints"][role] = {"dir": f"trtllm/{role}", "quant_algo": config["quantization"]["quant_algo"],
                                       "architecture": config["architecture"],
-                                      "cannot_build_at_release": meta["cannot_build_at_release"]}
+                                      "cannot_build_at_release": blockers}
     entry["build_script"] = f"trtllm/{write_build_script(out, profile).name}"
     progress(f"[2/3] trtllm: TensorRT-LLM checkpoints (target {entry['checkpoints']['target']['quant_algo'] or dtype}, "
              f"draft {entry['checkpoints']['draft']['quant_algo'] or dtype}) and BUILD.sh -> {out}")

@@ -50,12 +50,9 @@ from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
 from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS, PREFILL,
                            SHAPES, STEP, VISION, VISION_FRAME, graph_io as declared_io)
-from prompt.meta import stamp_facts
+from prompt.artifacts import ONNX_FORMAT as FORMAT, ONNX_VERSION as FORMAT_VERSION, OPSET, EnginesMeta, stamp_facts
 from prompt.pixels import images_to_patches
 
-OPSET = 18
-FORMAT = "specdrive-onnx"
-FORMAT_VERSION = 1
 DRAFT_MAPS = ("graph", "host")
 
 
@@ -186,8 +183,9 @@ class ExportConfig:
             raise ConfigError(f"draft_map {self.draft_map!r}: allowed {list(DRAFT_MAPS)}")
 
 
-def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfig, progress=print) -> dict:
-    """Export every graph of the folder's target, expert and one draft to `out`; -> meta."""
+def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfig, progress=print) -> EnginesMeta:
+    """Export every graph of the folder's target, expert and one draft to `out`; -> its meta.json
+    (as the runtime reads it)."""
     tok, mcfg, target, expert = io.load_planner(checkpoint)
     models, drafts = io.scan_checkpoints(checkpoint)
     name = draft or ("flat" if "flat" in drafts else next(iter(drafts), None))
@@ -208,7 +206,7 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
     meta = _meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok)
     meta = stamp_facts({**meta, "draft_vocab": draft_vocab_meta(dmodel, cfg.draft_map)})
     (out / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return meta
+    return EnginesMeta.from_dict(meta, out)
 
 
 def _shapes(mcfg, cfg: ExportConfig, tok) -> dict:
@@ -340,7 +338,7 @@ def _meta(checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, shapes, 
     sources = {}
     for kind, folder in {**models, "draft": draft_dir}.items():
         m = io.read_meta(folder)
-        sources[kind] = {"folder": str(folder), "modules": {k: v["sha256"] for k, v in m["modules"].items()}}
+        sources[kind] = {"folder": str(folder), "modules": {k: v.sha256 for k, v in m.modules.items()}}
     t, d = mcfg.target, mcfg.draft_llm()
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "kind": "engines", "backend": "onnxruntime",

@@ -41,12 +41,12 @@ from models.names import CheckpointError, check_names  # noqa: F401  (re-exporte
 from models.target import Target
 from prompt.config import ConfigError, file_sha256, from_dict, to_dict
 from prompt.draft_vocab import check_d2t, d2t_sha256
-# read_meta and scan_checkpoints are prompt.meta's (io.scan_checkpoints reads a planner folder)
-from prompt.meta import CHECKPOINT_FORMAT, META, MODEL_KINDS, read_meta, scan_checkpoints  # noqa: F401
+# read_meta and scan_checkpoints are prompt.artifacts' (io.scan_checkpoints reads a planner folder)
+from prompt.artifacts import CHECKPOINT_FORMAT, CHECKPOINT_VERSION as FORMAT_VERSION, META, MODEL_KINDS, \
+    CheckpointMeta, ModuleFile, read_meta, scan_checkpoints  # noqa: F401
 from prompt.tokenizer import load_tokenizer
 from prompt.vocab import Tokenizer
 
-FORMAT_VERSION = 1
 _RESERVED = {"format", "format_version", "kind", "config", "config_class", "dtype", "modules",
              "versions", "created_by", "created_at"}
 
@@ -87,7 +87,8 @@ def save(path, modules: Mapping, config, meta: Mapping) -> Path:
 
 
 def load(path, kind: str | None = None):
-    """Read folder `path` -> (state dicts {module: {tensor: Tensor}}, config dataclass, meta dict).
+    """Read folder `path` -> (state dicts {module: {tensor: Tensor}}, config dataclass,
+    CheckpointMeta).
 
     Every file is checked against meta.json (size, sha256, tensor names, shapes, dtypes) before
     use. `kind`, when given, must equal the checkpoint's kind.
@@ -97,12 +98,13 @@ def load(path, kind: str | None = None):
         meta = read_meta(path)
     except CheckpointError:
         raise
-    except ConfigError as e:            # no meta.json, not JSON, no kind
+    except ConfigError as e:            # no meta.json, not JSON, no kind, not a checkpoint
         raise CheckpointError(str(e)) from None
-    check_meta(meta, path / META)
-    if kind is not None and meta["kind"] != kind:
-        raise CheckpointError(f"{path / META}: kind is {meta['kind']!r}, expected {kind!r}")
-    states = {name: _read_module(path, name, entry) for name, entry in meta["modules"].items()}
+    if not isinstance(meta, CheckpointMeta):
+        raise CheckpointError(f"{path / META}: unknown kind {meta.kind!r}; allowed kinds are {list(MODEL_KINDS)}")
+    if kind is not None and meta.kind != kind:
+        raise CheckpointError(f"{path / META}: kind is {meta.kind!r}, expected {kind!r}")
+    states = {name: _read_module(path, name, entry) for name, entry in meta.modules.items()}
     return states, _build_config(path, meta), meta
 
 
@@ -136,20 +138,6 @@ def check_state(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.
         raise CheckpointError(f"{where}: unexpected tensor(s) {extra[:5]} (the module has no such names)")
 
 
-def check_meta(meta: dict, file: Path) -> None:
-    """Refuse a meta.json (read by prompt.meta.read_meta) that is not a checkpoint this code reads:
-    format, version, kind, modules."""
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{file}: format is not {CHECKPOINT_FORMAT!r}")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{file}: format_version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}")
-    _check_kind(meta.get("kind"), str(file))
-    for key in ("config", "config_class", "modules"):
-        if key not in meta:
-            raise CheckpointError(f"{file}: missing key {key!r}")
-
-
 def _check_kind(kind, where: str) -> None:
     if kind not in MODEL_KINDS:
         raise CheckpointError(f"{where}: unknown kind {kind!r}; allowed kinds are {list(MODEL_KINDS)}")
@@ -176,28 +164,27 @@ def _write_module(path: Path, name: str, state: dict) -> dict:
     return {"file": file.name, "sha256": file_sha256(file), "bytes": file.stat().st_size, "tensors": tensors}
 
 
-def _read_module(path: Path, name: str, entry: dict) -> dict[str, torch.Tensor]:
-    file = path / entry["file"]
+def _read_module(path: Path, name: str, entry: ModuleFile) -> dict[str, torch.Tensor]:
+    file = path / entry.file
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (meta.json lists it for module {name!r})")
     _check_complete(file, entry)
     digest = file_sha256(file)
-    if digest != entry["sha256"]:
+    if digest != entry.sha256:
         raise CheckpointError(f"{file}: sha256 {digest[:16]}... does not match meta.json "
-                              f"({entry['sha256'][:16]}...); the file was changed or corrupted")
+                              f"({entry.sha256[:16]}...); the file was changed or corrupted")
     state = safetensors.torch.load_file(str(file))
-    listed = {k: torch.empty(v["shape"], dtype=_dtype(v["dtype"]), device="meta")
-              for k, v in entry["tensors"].items()}
+    listed = {k: torch.empty(v.shape, dtype=_dtype(v.dtype), device="meta") for k, v in entry.tensors.items()}
     check_state(listed, state, str(file))
     return state
 
 
-def _check_complete(file: Path, entry: dict) -> None:
+def _check_complete(file: Path, entry: ModuleFile) -> None:
     """A safetensors file is 8 bytes of header length, the JSON header, then the data; a file
     shorter than header + largest data offset is truncated (checked before hashing, for a clear
     message)."""
     size = file.stat().st_size
-    expected = entry.get("bytes")
+    expected = entry.bytes
     if expected is not None and size < expected:
         raise CheckpointError(f"{file}: truncated, {size} bytes but meta.json says {expected}")
     if size < 8:
@@ -214,12 +201,12 @@ def _check_complete(file: Path, entry: dict) -> None:
         raise CheckpointError(f"{file}: truncated, {size} bytes but its header needs {8 + n + end}")
 
 
-def _build_config(path: Path, meta: dict):
-    cls = getattr(config_module, meta["config_class"], None)
+def _build_config(path: Path, meta: CheckpointMeta):
+    cls = getattr(config_module, meta.config_class, None)
     if cls is None or not dataclasses.is_dataclass(cls):
-        raise CheckpointError(f"{path / META}: unknown config_class {meta['config_class']!r}; "
+        raise CheckpointError(f"{path / META}: unknown config_class {meta.config_class!r}; "
                               f"expected a dataclass of models.config")
-    return from_dict(cls, meta["config"], where=f"{path / META}: config")
+    return from_dict(cls, meta.config, where=f"{path / META}: config")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -251,10 +238,10 @@ def with_tokenizer(cfg: config_module.ModelConfig, tok) -> config_module.ModelCo
     return dataclasses.replace(cfg, target=target)
 
 
-def check_tokenizer(cfg: config_module.ModelConfig, tok, where: str, meta: Mapping | None = None) -> None:
+def check_tokenizer(cfg: config_module.ModelConfig, tok, where: str, meta: CheckpointMeta | None = None) -> None:
     """The tokenizer must be the checkpoint's: same vocabulary-dependent config fields and,
     when meta.json recorded one, the same fingerprint (ids mean words in one order only)."""
-    want_sha = (meta or {}).get("tokenizer_sha256")
+    want_sha = meta.tokenizer_sha256 if meta is not None else None
     if want_sha is not None and want_sha != tok.fingerprint:
         raise ConfigError(f"{where}: the tokenizer (sha256 {tok.fingerprint[:12]}...) is not the one this "
                           f"checkpoint was trained with (sha256 {str(want_sha)[:12]}...)")
@@ -319,13 +306,13 @@ def load_draft(folder, cfg: config_module.ModelConfig, target: Target, tok=None)
     return cfg, draft.eval(), meta
 
 
-def check_draft_vocab(draft: Draft, meta: Mapping, tok, where: str) -> None:
+def check_draft_vocab(draft: Draft, meta: CheckpointMeta, tok, where: str) -> None:
     """A reduced head's d2t must be what meta.json recorded and fit the tokenizer (ids in range,
     no duplicates, the special tokens kept, no trajectory token): else ConfigError."""
-    n, sha = draft.cfg.vocab, meta.get("d2t_sha256")
-    if meta.get("draft_vocab") != n or not isinstance(sha, str):
+    n, sha = draft.cfg.vocab, meta.d2t_sha256
+    if meta.draft_vocab != n or not isinstance(sha, str):
         raise ConfigError(f"{where}: a {n}-row draft head needs meta.json draft_vocab {n} and d2t_sha256; "
-                          f"found draft_vocab {meta.get('draft_vocab')!r}, d2t_sha256 {sha!r}")
+                          f"found draft_vocab {meta.draft_vocab!r}, d2t_sha256 {sha!r}")
     d2t = draft.d2t.cpu().numpy()
     if tok is not None:
         check_d2t(d2t, tok, where, sha)

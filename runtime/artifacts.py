@@ -11,17 +11,14 @@ ConfigError saying what was found.
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
-from prompt.meta import check_facts, read_meta, scan_checkpoints
+from prompt.artifacts import read_engines_meta, read_manifest, read_meta, scan_checkpoints
 from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, BackendSpec, load_backend
-from runtime.backends.graphs import check_graphs_meta
 
-MANIFEST_FORMAT = "specdrive-engines-manifest"     # engines/build.py writes it (runtime may not import engines/)
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-llm")     # run the engines manifest.json lists
 
 
@@ -66,7 +63,7 @@ def load_tokenizer(folder: Path):
     for cand in [Path(folder), *sorted(p for p in Path(folder).iterdir() if p.is_dir())]:
         if not (cand / "meta.json").is_file():
             continue
-        want = read_meta(cand).get("tokenizer_sha256")
+        want = read_meta(cand).tokenizer_sha256
         if want is not None and want != tok.fingerprint:
             raise ConfigError(f"{file} (sha256 {tok.fingerprint[:12]}...) is not the tokenizer {cand} was "
                               f"trained with (sha256 {str(want)[:12]}...): its ids would mean other "
@@ -94,27 +91,6 @@ class ModelSource:
                               "trained models come with --checkpoint DIR")
 
 
-def read_manifest(folder: Path, backend: str) -> dict:
-    """DIR/manifest.json of `specdrive engines build`, refused unless it lists built engines (a
-    `built: false` manifest says what the build needs and where to run it)."""
-    file = Path(folder) / "manifest.json"
-    if not file.is_file():
-        raise ConfigError(f"--backend {backend}: {folder} has no manifest.json; build the engines on the "
-                          "device with `make engines PROFILE=...` (specdrive engines build)")
-    m = read_json(file, "engines manifest")
-    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
-        raise ConfigError(f"{file}: format {m.get('format') if isinstance(m, dict) else None!r}, "
-                          f"expected {MANIFEST_FORMAT!r}")
-    if not m.get("built"):
-        here = "" if importlib.util.find_spec("tensorrt") else \
-            "; the 'tensorrt' Python package is not installed here either"
-        raise ConfigError(f"--backend {backend}: {folder} holds no engines yet (manifest.json built: false, "
-                          f"profile {m.get('profile')!r}: the build needs TensorRT){here}. Engines are built on "
-                          f"the device they run on: install TensorRT there ({m.get('needs', {}).get('install')}), "
-                          f"then run `make engines PROFILE={m.get('profile')}` there")
-    return m
-
-
 def open_backend(src: ModelSource, max_len: int, default_tokenizer=None, k_max: int | None = None):
     """The backend (caches of `max_len` rows) and tokenizer of `src`: (backend, tokenizer)."""
     name, spec = backend_spec(src, max_len, default_tokenizer, k_max)
@@ -140,16 +116,14 @@ def backend_spec(src: ModelSource, max_len: int | None, default_tokenizer=None,
 
 def _engines_spec(src: ModelSource, spec: BackendSpec) -> str:
     """Fill `spec` from an engines folder (meta.json, manifest.json, tokenizer) -> backend name."""
-    meta = read_meta(src.engines)
-    name = src.backend or meta.get("backend")
+    meta = read_engines_meta(src.engines)       # checked whole: its facts as exported, graphs, shapes
+    name = src.backend or meta.backend
     if name not in ENGINE_BACKENDS:         # graphs run as exported: meta.json names the backend
-        if meta["kind"] != "engines" or meta.get("backend") not in BACKENDS:
-            raise ConfigError(f"{src.engines}/meta.json: kind {meta['kind']!r} backend {meta.get('backend')!r}; "
+        if meta.backend not in BACKENDS:
+            raise ConfigError(f"{src.engines}/meta.json: kind {meta.kind!r} backend {meta.backend!r}; "
                               f"expected kind 'engines' and a backend of {sorted(BACKENDS)}")
-        if name != meta.get("backend"):
-            raise ConfigError(f"--backend {name} but {src.engines} holds {meta.get('backend')} engines")
-    check_facts(meta, f"{src.engines}/meta.json")      # every host-side fact as exported
-    check_graphs_meta(src.engines, meta)               # ... and whole: versions, graphs, shapes
+        if name != meta.backend:
+            raise ConfigError(f"--backend {name} but {src.engines} holds {meta.backend} engines")
     spec.engines, spec.meta = Path(src.engines), meta
     spec.manifest = read_manifest(src.engines, name) if name in ENGINE_BACKENDS else None
     spec.tokenizer = load_tokenizer(src.engines)

@@ -40,8 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
+from prompt.artifacts import EnginesMeta, Manifest
 from prompt.config import ConfigError
 from runtime.acceptance import process_logits, sample
+from runtime.config import ExpertRequest
 
 READOUTS = ("argmax", "logits")
 # CLI name -> module of runtime.backends
@@ -59,8 +61,8 @@ class BackendSpec:
     device: str = "cpu"
     eager: bool = False                 # no CUDA graphs
     engines: Path | None = None
-    meta: dict | None = None            # engines/meta.json
-    manifest: dict | None = None        # engines/manifest.json (tensorrt, tensorrt-llm)
+    meta: EnginesMeta | None = None     # engines/meta.json
+    manifest: Manifest | None = None    # engines/manifest.json (tensorrt, tensorrt-llm)
     k_max: int | None = None            # the planner's largest draft length (engine shapes)
     threads: int = 0                    # engine CPU threads (onnxruntime; 0: its default)
     checkpoints: dict | None = None     # {kind: folder} (torch)
@@ -80,12 +82,12 @@ class DraftSampling:
     u: np.ndarray
 
 
-def check_tokenizer(meta: dict, tokenizer, folder) -> None:
+def check_tokenizer(meta: EnginesMeta, tokenizer, folder) -> None:
     """An engines folder's meta.json names the tokenizer its graphs were made with."""
-    if meta.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
+    if meta.tokenizer_sha256 not in (None, tokenizer.fingerprint):
         raise ConfigError(f"{folder}/tokenizer.json (sha256 {tokenizer.fingerprint[:12]}...) is not "
                           f"the tokenizer these engines were made with "
-                          f"(sha256 {str(meta['tokenizer_sha256'])[:12]}...)")
+                          f"(sha256 {str(meta.tokenizer_sha256)[:12]}...)")
 
 
 @dataclass
@@ -148,8 +150,7 @@ class Backend(abc.ABC):
         their cache rows (and features): the rows the action expert then reads."""
 
     @abc.abstractmethod
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps: int | None,
-               combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request: ExpertRequest) -> np.ndarray:
         """The action expert on target cache rows [0, rows) -> (64, 3) float32 (see `action`)."""
 
     def close(self) -> None:
@@ -166,11 +167,10 @@ class Backend(abc.ABC):
         raise ConfigError(f"backend {self.name!r} cannot take reused vision features: turn reuse.vision off")
 
     # --- host logic shared by every backend --------------------------------------------------
-    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int, samples: int = 1,
-               steps: int | None = None, combine: str = "mean") -> np.ndarray:
-        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32;
-        samples > 1 draws integrated as one batch, combined by `combine`: "mean" (in action
-        space) or "medoid" (the draw nearest the others); steps: Euler steps (None: the model's).
+    def action(self, tokens: np.ndarray, start: int, v0: float, seed: int,
+               request: ExpertRequest = ExpertRequest()) -> np.ndarray:
+        """Write `tokens` at `start`, run the expert on rows [0, start+len) -> (64, 3) float32, as
+        `request` asks (draws, how they are combined, Euler steps: runtime.config.ExpertRequest).
         Thread-safe against draft/verify calls that write rows >= start+len (the fallback
         trajectory runs in a worker beside the reasoning; `action_scope` puts it on its own
         stream where the engine has one)."""
@@ -179,7 +179,7 @@ class Backend(abc.ABC):
         with self.action_scope():
             if len(tokens):
                 self.write(tokens, start)
-            return self.expert(start + len(tokens), float(v0), int(seed), samples, steps, combine)
+            return self.expert(start + len(tokens), float(v0), int(seed), request)
 
     def action_scope(self):
         """The context an action() call runs in (a side stream; none by default)."""

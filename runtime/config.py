@@ -135,6 +135,22 @@ class ReuseConfig:
         check_range("reuse.lookup_ngram", self.lookup_ngram, lo=1, hi=8)
 
 
+@dataclass(frozen=True)
+class ExpertRequest:
+    """What the action expert is asked for, from the planner profile to every backend's `expert`:
+    `samples` draws integrated as one batch, combined by `combine` ("mean": in action space;
+    "medoid": the draw nearest the others), `steps` Euler steps (None: the checkpoint's own)."""
+    samples: int = 1
+    steps: int | None = None
+    combine: str = "mean"
+
+    def __post_init__(self):
+        check_range("samples", self.samples, lo=1, hi=64)
+        if self.steps is not None:
+            check_range("steps", self.steps, lo=1, hi=100)
+        check_choice("combine", self.combine, COMBINES)
+
+
 @dataclass
 class PlannerConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
@@ -175,6 +191,10 @@ class PlannerConfig:
         if self.spec.relax_r and self.trajectory != "tokens":
             raise ConfigError(f"spec.relax_r={self.spec.relax_r} only applies to trajectory='tokens' "
                               "(trajectory tokens are masked while reasoning)")
+
+    def expert_request(self) -> ExpertRequest:
+        """The expert's settings of this profile, as every trajectory asks for them."""
+        return ExpertRequest(self.trajectory_samples, self.euler_steps, self.trajectory_combine)
 
 
 def load_planner_config(name_or_path: str | Path) -> PlannerConfig:

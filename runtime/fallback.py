@@ -29,6 +29,7 @@ HUNG_WORKER_MS = 10_000.0
 class Fallback:
     def __init__(self, backend, cfg, costs):
         self.backend, self.cfg, self.costs = backend, cfg, costs     # PlannerConfig, CostModel
+        self.request = cfg.expert_request()                           # every trajectory's expert settings
         self.executor = ThreadPoolExecutor(1, "fallback") if cfg.fallback == "worker" else None
         self.lock = None if backend.concurrent_action else threading.Lock()
         self.pending: Future | None = None     # the last cycle's job nobody read (it reads the cache)
@@ -41,18 +42,14 @@ class Fallback:
         lock = self.lock      # its own: a hung call releases the lock it took, never a replacement
         if lock is None:
             with span("action"):
-                return self.backend.action(*args, **self.action_options())
+                return self.backend.action(*args, request=self.request)
         if not lock.acquire(timeout=lock_timeout):
             raise TimeoutError(f"the expert is busy (the fallback trajectory) after {lock_timeout:.3f} s")
         try:
             with span("action"):
-                return self.backend.action(*args, **self.action_options())
+                return self.backend.action(*args, request=self.request)
         finally:
             lock.release()
-
-    def action_options(self) -> dict:
-        c = self.cfg
-        return {"samples": c.trajectory_samples, "steps": c.euler_steps, "combine": c.trajectory_combine}
 
     def wait_cap_ms(self) -> float:
         """The longest any wait on the expert may block (ms), budget or not: a few trajectories'

@@ -177,7 +177,7 @@ class SceneDataset:
         if not (root / "manifest.json").is_file():
             raise ConfigError(f"{str(root)!r} has no manifest.json; make a dataset with `specdrive scenes generate`")
         self.root, self.split = root, split
-        self.manifest = read_manifest(root)
+        self.manifest = read_dataset_manifest(root)
         if split not in self.manifest["splits"]:
             raise ConfigError(f"split={split!r} is not in {str(root)!r}; it has {', '.join(self.manifest['splits'])}")
         self.shards = self.manifest["splits"][split]["shards"]
@@ -219,7 +219,7 @@ class SceneDataset:
         return self._arrays[k]
 
 
-def read_manifest(root: Path) -> dict:
+def read_dataset_manifest(root: Path) -> dict:
     """manifest.json of a dataset of this world version, or a ConfigError saying what it is."""
     try:
         manifest = json.loads((root / "manifest.json").read_text())

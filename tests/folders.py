@@ -2,7 +2,7 @@
 import json
 import shutil
 
-from prompt.meta import stamp_facts
+from prompt.artifacts import stamp_facts
 
 
 def copy_of(folder, tmp_path):

@@ -123,12 +123,12 @@ class TableBackend(Backend):
     def write(self, tokens, start: int) -> None:
         self._forward(self.cache, self.W, np.asarray(tokens, np.int64), start, None)
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         self._tick("action")
         ctx = self.cache[:rows].mean(axis=0)
-        noise = np.random.default_rng(seed).normal(0, 0.02, (samples, 2 * FUT_WAYPOINTS))
+        noise = np.random.default_rng(seed).normal(0, 0.02, (request.samples, 2 * FUT_WAYPOINTS))
         draws = np.tanh(ctx @ self.act_proj + noise)                       # (samples, 128)
-        u = (draws.mean(0) if combine == "mean" else medoid(draws)).reshape(FUT_WAYPOINTS, 2)
+        u = (draws.mean(0) if request.combine == "mean" else medoid(draws)).reshape(FUT_WAYPOINTS, 2)
         return integrate_actions(u[:, 0] * 1.5, u[:, 1] * 0.02, v0)
 
     # --- internals -------------------------------------------------------------------------

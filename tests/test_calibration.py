@@ -18,7 +18,7 @@ from calibration.record import CACHE_INPUTS, load
 from calibration.scenes import calibration_scenes
 from engines import build as eb
 from prompt.config import ConfigError, file_sha256
-from prompt.meta import read_meta
+from prompt.artifacts import read_manifest, read_meta
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner
@@ -62,22 +62,22 @@ def test_the_set_is_keyed_by_input_names_and_hashed(calibrated):
     folder, fp32, done, _ = calibrated
     calib = load(folder / "calibration")
     assert calib.sha256 == done["calibration_sha256"] and len(calib.scenes) == 6
-    for graph, entry in fp32["graphs"].items():
-        names = [i["name"] for i in entry["inputs"]]
+    for graph, entry in fp32.graphs.items():
+        names = [i.name for i in entry.inputs]
         samples = calib.samples(graph)
         assert samples, graph
         for s in samples:
             assert sorted(s) == sorted(names), graph
-            for spec in entry["inputs"]:        # fixed axes as exported (caches padded back to max_len)
-                fixed = [(d, n) for d, n in zip(spec["shape"], s[spec["name"]].shape) if isinstance(d, int)]
-                assert all(d == n for d, n in fixed), (graph, spec, s[spec["name"]].shape)
+            for spec in entry.inputs:           # fixed axes as exported (caches padded back to max_len)
+                fixed = [(d, n) for d, n in zip(spec.shape, s[spec.name].shape) if isinstance(d, int)]
+                assert all(d == n for d, n in fixed), (graph, spec, s[spec.name].shape)
     widths = {s["ids"].shape[1] for s in calib.graphs["step"]}
     assert 9 in widths, widths                   # k_max + 1: every other scene runs k = k_max
     assert all(s["cache"].shape[-2] < calib.max_len for s in calib.graphs["step"])   # stored trimmed
     meta = read_meta(folder)
     for g in PLAN:
-        assert meta["graphs"][g]["quantization"]["calibration_sha256"] == calib.sha256
-    assert meta["calibration_sha256"] == calib.sha256
+        assert meta.graphs[g].quantization["calibration_sha256"] == calib.sha256
+    assert meta.calibration_sha256 == calib.sha256
 
 
 def test_a_changed_calibration_file_is_refused(calibrated, tmp_path):
@@ -96,15 +96,16 @@ def test_a_changed_calibration_file_is_refused(calibrated, tmp_path):
 def test_meta_switches_to_the_quantized_graphs_and_keeps_fp32(calibrated):
     folder, fp32, done, _ = calibrated
     meta = read_meta(folder)
-    for g, e in meta["graphs"].items():
-        assert file_sha256(folder / e["file"]) == e["sha256"], g
+    for g, e in meta.graphs.items():
+        assert file_sha256(folder / e.file) == e.sha256, g
         if g in PLAN:
-            assert e["file"] == f"quant/int8/{g}.onnx" and e["precision"] == "int8"
-            assert e["quantization"]["source_sha256"] == fp32["graphs"][g]["sha256"]
-            assert e["quantization"]["holds"] == {"INT8": e["quantization"]["holds"]["INT8"]}
+            assert e.file == f"quant/int8/{g}.onnx" and e.precision == "int8"
+            assert e.quantization["source_sha256"] == fp32.graphs[g].sha256
+            assert e.quantization["holds"] == {"INT8": e.quantization["holds"]["INT8"]}
         else:
-            assert e == {**fp32["graphs"][g], "precision": "fp32"}
-    assert meta["fp32_graphs"] == {g: {**e, "precision": "fp32"} for g, e in fp32["graphs"].items()}
+            assert e.to_dict() == {**fp32.graphs[g].to_dict(), "precision": "fp32"}
+    assert {g: e.to_dict() for g, e in meta.fp32_graphs.items()} == \
+        {g: {**e.to_dict(), "precision": "fp32"} for g, e in fp32.graphs.items()}
     with pytest.raises(ConfigError, match="already points at quantized graphs"):
         calibrate_folder(folder, meta, PLAN, load_planner_config("cpu"), prompts=1)
 
@@ -175,7 +176,7 @@ def test_int4_on_the_all_gemm_vision_tower_is_refused_not_faked(calibrated, tmp_
     folder, fp32, _, _ = calibrated
     samples = load(folder / "calibration").samples("vision")[:2]
     with pytest.raises(cq.NothingToQuantize, match="nothing in it can be quantized to int4_awq"):
-        cq.quantize_graph(folder / fp32["graphs"]["vision"]["file"], tmp_path / "v.onnx", samples, "int4_awq")
+        cq.quantize_graph(folder / fp32.graphs["vision"].file, tmp_path / "v.onnx", samples, "int4_awq")
     assert not (tmp_path / "v.onnx").exists()
 
 
@@ -190,7 +191,7 @@ def test_int8_graphs_speculative_equals_plain(calibrated):
     folder = calibrated[0]
     plain = ort_planner(folder, 0)
     spec = [ort_planner(folder, 4), ort_planner(folder, 8), ort_planner(folder, 4, adaptive=True)]
-    assert plain.backend.meta["graphs"]["step"]["precision"] == "int8"
+    assert plain.backend.meta.graphs["step"].precision == "int8"
     for i in range(6):
         s = make_scene(200 + i, split="test")
         ref = plain.plan(s.images, s.history)
@@ -204,7 +205,7 @@ def test_int8_graphs_speculative_equals_plain(calibrated):
 def test_int8_step_is_quantized_yet_close(calibrated):
     folder, fp32, _, _ = calibrated
     calib = load(folder / "calibration")
-    s32, s8 = session(folder / fp32["graphs"]["step"]["file"]), session(folder / "quant/int8/step.onnx")
+    s32, s8 = session(folder / fp32.graphs["step"].file), session(folder / "quant/int8/step.onnx")
     agree, diff = [], 0.0
     for x in calib.samples("step"):
         a, b = s32.run(None, x), s8.run(None, x)
@@ -218,10 +219,10 @@ def test_smoothquant_keeps_the_function(calibrated):
     """Smoothing alone (no Q/DQ) moves scales between activations and weights: same outputs."""
     folder, fp32, _, _ = calibrated
     samples = load(folder / "calibration").samples("step")[:3]
-    m = onnx.load(str(folder / fp32["graphs"]["step"]["file"]))
+    m = onnx.load(str(folder / fp32.graphs["step"].file))
     n = cq.smooth_graph(m, samples)
     assert n == len([x for x in m.graph.node if x.op_type == "MatMul" and x.input[0].endswith("_smoothed")]) > 0
-    s0, s1 = session(folder / fp32["graphs"]["step"]["file"]), session(None, m)
+    s0, s1 = session(folder / fp32.graphs["step"].file), session(None, m)
     for x in samples:
         for a, b in zip(s0.run(None, x), s1.run(None, x)):
             if a.dtype.kind == "f":
@@ -236,12 +237,12 @@ def test_other_precisions_hold_their_types(calibrated, tmp_path, precision, hold
     folder, fp32, _, _ = calibrated
     samples = load(folder / "calibration").samples("step")
     dst = tmp_path / "step.onnx"
-    info = cq.quantize_graph(folder / fp32["graphs"]["step"]["file"], dst, samples, precision)
+    info = cq.quantize_graph(folder / fp32.graphs["step"].file, dst, samples, precision)
     m = onnx.load(str(dst))
     cq.check_zero_points(m)
     assert set(cq.quantized_types(m)) == {holds}, cq.quantized_types(m)
     assert info["dequantize_nodes"] > 0 and (precision != "int4_awq" or info["zero_points_added"] > 0)
-    s32, sq = session(folder / fp32["graphs"]["step"]["file"]), session(dst)
+    s32, sq = session(folder / fp32.graphs["step"].file), session(dst)
     agree = [np.mean(s32.run(None, x)[1] == sq.run(None, x)[1]) for x in samples]
     print(precision, info, f"argmax agreement {np.mean(agree):.3f}")
     assert np.mean(agree) >= 0.8
@@ -249,7 +250,7 @@ def test_other_precisions_hold_their_types(calibrated, tmp_path, precision, hold
 
 def test_unknown_precision_and_method_are_refused(calibrated, tmp_path):
     folder, fp32, _, _ = calibrated
-    src = folder / fp32["graphs"]["step"]["file"]
+    src = folder / fp32.graphs["step"].file
     with pytest.raises(ConfigError, match="calibration makes"):
         cq.quantize_graph(src, tmp_path / "x.onnx", [{}], "int2")
     with pytest.raises(ConfigError, match="one of \\['max'\\]"):
@@ -293,11 +294,11 @@ def test_engines_build_calibrates(tiny_onnx, tmp_path, monkeypatch, capsys):
     assert cli.main(["engines", "build", "--profile", str(prof), "--out", str(out)]) == 3
     text = capsys.readouterr().out
     assert "[2/3] calibrate: prefill int8, step int8 from 4 train scenes" in text
-    m = eb.read_manifest(out)
-    assert m["calibration"]["status"] == "done" and m["steps"]["calibrate"] == "done"
-    assert m["calibration"]["graphs"] == PLAN
-    assert m["graphs"]["step"]["file"] == "quant/int8/step.onnx"
-    assert m["onnx_meta_sha256"] == file_sha256(out / "meta.json")
+    m = read_manifest(out)
+    assert m.calibration["status"] == "done" and m.steps["calibrate"] == "done"
+    assert m.calibration["graphs"] == PLAN
+    assert m.graphs["step"].file == "quant/int8/step.onnx"
+    assert m.onnx_meta_sha256 == file_sha256(out / "meta.json")
     assert (out / "report" / "report.md").is_file()
 
 
@@ -313,8 +314,8 @@ def test_calibrate_cli_errors(tiny_onnx, tmp_path, capsys):
 
 def test_cache_inputs_are_the_kv_graphs(calibrated):
     folder, fp32, _, _ = calibrated
-    with_cache = {g for g, e in fp32["graphs"].items() if any(i["name"] in CACHE_INPUTS for i in e["inputs"])}
-    assert with_cache == {"step", "draft_feed", "draft_chain"} & set(fp32["graphs"])
+    with_cache = {g for g, e in fp32.graphs.items() if any(i.name in CACHE_INPUTS for i in e.inputs)}
+    assert with_cache == {"step", "draft_feed", "draft_chain"} & set(fp32.graphs)
     assert Path(folder / "calibration" / "index.json").is_file()
 
 

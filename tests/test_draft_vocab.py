@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 from models import io
 from models.config import load_preset
 from models.draft import Draft
+from prompt.artifacts import DraftVocab
 from prompt.config import ConfigError, file_sha256
 from prompt.draft_vocab import build_d2t, check_d2t, coverage, d2t_sha256, kept_ids, token_counts
 from prompt.tokenizer import load_tokenizer
@@ -111,9 +113,9 @@ def test_checkpoint_round_trip_keeps_the_map_and_its_hash(models, tmp_path):
     cfg, target, _ = models
     folder = save_reduced(tmp_path, cfg, target)
     meta = io.read_meta(folder)
-    assert folder.name == "draft-flat-v40" and meta["variant"] == "flat-v40" and meta["draft_vocab"] == 40
+    assert folder.name == "draft-flat-v40" and meta.variant == "flat-v40" and meta.draft_vocab == 40
     lcfg, d, _ = io.load_draft(folder, cfg, target, TOK)
-    assert lcfg.draft.vocab == 40 and meta["d2t_sha256"] == d2t_sha256(d.d2t.numpy())
+    assert lcfg.draft.vocab == 40 and meta.d2t_sha256 == d2t_sha256(d.d2t.numpy())
     assert torch.equal(d.d2t, reduced(cfg, target).d2t)
 
 
@@ -279,6 +281,11 @@ def test_the_map_on_the_alpamayo_r1_special_token_layout():
     assert 0 < coverage(c, d2t) < 1
 
 
+def vocab_meta(draft_vocab: dict):
+    """What init_draft_vocab reads of an EnginesMeta: meta.json's draft_vocab, parsed."""
+    return SimpleNamespace(draft_vocab=DraftVocab.from_dict(draft_vocab, "F/meta.json"))
+
+
 def test_graph_backends_check_the_exported_map_and_apply_a_host_map():
     """runtime/backends/graphs.py: meta.json's draft_vocab is checked when a folder opens (hash,
     tokenizer); with map "host" the mask rows are gathered to the head and the head's id and
@@ -293,14 +300,14 @@ def test_graph_backends_check_the_exported_map_and_apply_a_host_map():
     be = Bare()
     be.vocab_size = len(TOK)
     good = {"n": 40, "map": "host", "d2t": d2t.tolist(), "d2t_sha256": d2t_sha256(d2t)}
-    be.init_draft_vocab("F", {"draft_vocab": good}, TOK)
+    be.init_draft_vocab("F", vocab_meta(good), TOK)
     assert be.host_map and np.array_equal(be.d2t, d2t)
     for bad, match in (({**good, "d2t_sha256": "0" * 64}, "does not match"),
                        ({**good, "d2t": d2t[1:].tolist(), "n": 39}, "lacks the special tokens"),
                        ({**good, "map": "device"}, "map")):
         with pytest.raises(ConfigError, match=match):
-            be.init_draft_vocab("F", {"draft_vocab": bad}, TOK)
-    be.init_draft_vocab("F", {"draft_vocab": good}, TOK)
+            be.init_draft_vocab("F", vocab_meta(bad), TOK)
+    be.init_draft_vocab("F", vocab_meta(good), TOK)
     be.set_mask(TOK.text_mask())
     assert be.draft_allowed(5, 2).shape == (2, 40)
     logits = np.linspace(-1, 1, 40).astype(np.float32)
@@ -308,5 +315,5 @@ def test_graph_backends_check_the_exported_map_and_apply_a_host_map():
     tok, q = be.draft_pick(39, logits, DraftSampling(1.0, 1.0, np.array([0.5])), 0)
     outside = np.setdiff1d(np.arange(len(TOK)), d2t)
     assert tok in d2t and q[outside].max() == 0.0 and np.isclose(q.sum(), 1.0)
-    be.init_draft_vocab("F", {"draft_vocab": {}}, TOK)
+    be.init_draft_vocab("F", vocab_meta({}), TOK)
     assert be.d2t is None and not be.host_map

@@ -5,6 +5,7 @@ The export step is the real one in test_onnx.py; here it is a small stand-in so 
 logic runs in a second."""
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import onnx
 import pytest
@@ -12,6 +13,7 @@ from onnx import TensorProto, helper
 
 from engines import build as eb
 from engines.profile import EngineProfile, GraphPrecision, known_profiles, load_profile
+from prompt.artifacts import TensorSpec, read_manifest
 from prompt.config import ConfigError, file_sha256
 from prompt.graphs import required_graphs
 from runtime.config import load_planner_config
@@ -83,7 +85,7 @@ def fake_export(checkpoint, out, draft, cfg, progress=print):
     meta = {"kind": "engines", "backend": "onnxruntime", "max_len": cfg.max_len, "k_max": cfg.k_max,
             "graphs": graphs}
     (out / "meta.json").write_text(json.dumps(meta))
-    return meta
+    return SimpleNamespace(graphs={n: SimpleNamespace(**g) for n, g in graphs.items()})   # what the build reads
 
 
 @pytest.fixture
@@ -95,10 +97,11 @@ def no_tensorrt(monkeypatch):
 
 
 def stand_in_calibrate(profile, out, meta, planner, progress):
-    """The real step runs in test_calibration.py (on real graphs); this one says what it was asked."""
+    """The real step runs in test_calibration.py (on real graphs); this one says what it was asked
+    (and leaves meta.json as the export wrote it)."""
     plan = eb.quantization_plan(profile)
     progress(f"[2/3] calibrate (stand-in): {plan}")
-    return {"status": "done" if plan else "not needed", "graphs": plan}
+    return {"status": "done" if plan else "not needed", "graphs": plan}, meta
 
 
 @pytest.mark.parametrize("name", ["orin-fp16", "orin-int8", "thor-fp8"])
@@ -108,17 +111,17 @@ def test_build_without_tensorrt_writes_the_manifest_and_exits_3(tmp_path, no_ten
     lines = capsys.readouterr().out.splitlines()
     assert [ln[:5] for ln in lines] == ["[1/3]", "[2/3]", "[3/3]"], lines
     assert "TensorRT is not installed here" in lines[2] and f"PROFILE={name}" in lines[2]
-    m = eb.read_manifest(out)
+    m = read_manifest(out)
     prof = load_profile(name)
-    assert m["built"] is False and m["profile"] == name and m["target_sm"] == prof.target_sm
-    assert m["steps"]["export"] == "done" and m["steps"]["build"].startswith("needs TensorRT")
-    assert m["needs"]["step"] == "build" and ("JetPack" in m["needs"]["install"] or "pip" in m["needs"]["install"])
-    assert m["shapes"]["verify_widths"] == [1, 9] and m["precision"] == dict(prof.precision.items())
-    for g, entry in m["graphs"].items():
-        assert file_sha256(out / entry["file"]) == entry["sha256"], g
-    assert m["onnx_meta_sha256"] == file_sha256(out / "meta.json")
-    assert m["tools"]["onnx"] and m["tools"]["tensorrt"] is None
-    assert m["calibration"] == {"status": "not needed" if name == "orin-fp16" else "done",
+    assert m.built is False and m.profile == name and m.target_sm == prof.target_sm
+    assert m.steps["export"] == "done" and m.steps["build"].startswith("needs TensorRT")
+    assert m.needs["step"] == "build" and ("JetPack" in m.needs["install"] or "pip" in m.needs["install"])
+    assert m.shapes.verify_widths == (1, 9) and m.precision == dict(prof.precision.items())
+    for g, entry in m.graphs.items():
+        assert file_sha256(out / entry.file) == entry.sha256, g
+    assert m.onnx_meta_sha256 == file_sha256(out / "meta.json")
+    assert m.tools["onnx"] and m.tools["tensorrt"] is None
+    assert m.calibration == {"status": "not needed" if name == "orin-fp16" else "done",
                                 "graphs": eb.quantization_plan(prof)}
     assert eb.quantization_plan(prof) == {"orin-fp16": {}, "orin-int8": {"prefill": "int8", "step": "int8"},
                                           "thor-fp8": {"prefill": "fp8", "step": "fp8"}}[name]
@@ -138,6 +141,6 @@ def test_tensorrt_optimization_profiles_and_trtexec_command():
     step = eb.dim_ranges(p, "step")
     assert [r["T"] for r in step] == [(1, 9, 9), (1, 448, 448)]
     assert [r["T"] for r in eb.dim_ranges(p, "prefill")] == [(1, 448, 448)]
-    spec = {"inputs": [{"name": "ids", "shape": [1, "T"]}, {"name": "start", "shape": [1]}]}
+    spec = SimpleNamespace(inputs=(TensorSpec("ids", (1, "T"), "int64"), TensorSpec("start", (1,), "int64")))
     cmd = eb._trtexec_command("trtexec", "step.onnx", "step.engine", spec, "int8", step[0])
     assert cmd[3:] == ["--minShapes=ids:1x1", "--optShapes=ids:1x9", "--maxShapes=ids:1x9", "--stronglyTyped"]

@@ -48,9 +48,9 @@ def test_round_trip_of_our_format(tmp_path, cfg, planner):
     io.save(out, {"target": target, "draft": draft, "expert": expert}, cfg,
             {"kind": "planner", "source": "test"})
     states, cfg2, meta = io.load(out)
-    assert cfg2 == cfg and meta["kind"] == "planner" and meta["source"] == "test"
-    assert meta["dtype"] == "float32" and set(meta["versions"]) >= {"torch", "safetensors", "python"}
-    assert meta["created_by"] and len(meta["modules"]["draft"]["sha256"]) == 64
+    assert cfg2 == cfg and meta.kind == "planner" and meta.extra["source"] == "test"
+    assert meta.dtype == "float32" and set(meta.extra["versions"]) >= {"torch", "safetensors", "python"}
+    assert meta.extra["created_by"] and len(meta.modules["draft"].sha256) == 64
     same_state(states["draft"], draft.state_dict())
     with pytest.raises(io.CheckpointError, match="kind is 'planner', expected 'draft'"):
         io.load(out, kind="draft")
@@ -100,7 +100,7 @@ def test_wrong_shape_is_named(expert_ckpt, cfg, planner):
 
 def test_wrong_dtype_is_refused_not_cast(expert_ckpt, cfg, planner):
     rewrite(expert_ckpt, {k: v.half() for k, v in planner[2].state_dict().items()})
-    assert io.read_meta(expert_ckpt)["dtype"] == "float16"
+    assert io.read_meta(expert_ckpt).dtype == "float16"
     with pytest.raises(io.CheckpointError, match=r"float16, expected shape .* float32"):
         io.load_into(expert_ckpt, fresh_expert(cfg))
 

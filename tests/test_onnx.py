@@ -20,7 +20,7 @@ from runtime.planner import Planner
 from scenes.world import make_scene
 from tests.folders import copy_of, edit_meta
 from prompt.config import file_sha256
-from prompt.meta import stamp_facts
+from prompt.artifacts import read_meta, stamp_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "tiny"
@@ -41,7 +41,7 @@ def ref():
 
 def sessions(folder):
     from runtime.backends.onnxruntime import open_sessions
-    return open_sessions(folder, json.loads((folder / "meta.json").read_text()), "cpu")
+    return open_sessions(folder, read_meta(folder), "cpu")
 
 
 def run(sess, **feed):
@@ -64,10 +64,10 @@ def test_every_graph_matches_the_pytorch_reference(engines, ref):
     s = sessions(engines)
     g = torch.Generator().manual_seed(0)
     V, hd, L = cfg.target.llm.vocab_size, cfg.target.llm.head_dim, 512
-    meta = json.loads((engines / "meta.json").read_text())
+    meta = read_meta(engines)
     # vision
-    patches = torch.randn(*meta["graphs"]["vision"]["inputs"][0]["shape"], generator=g)
-    want = ex.VisionGraph(target, meta["prompt"]["grid_thw"])(patches)
+    patches = torch.randn(*meta.graphs["vision"].inputs[0].shape, generator=g)
+    want = ex.VisionGraph(target, meta.prompt.grid_thw)(patches)
     for name, got, w in zip(("image_embeds", "deepstack"), run(s["vision"], patches=patches), want):
         close(f"vision.{name}", got, w)
     N, D = want[0].shape

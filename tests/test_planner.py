@@ -8,7 +8,7 @@ from prompt.config import ConfigError
 from prompt.vocab import Tokenizer
 from table_backend import TableBackend
 from runtime.checks import check_trajectory
-from runtime.config import CheckConfig, PlannerConfig, SpecConfig
+from runtime.config import CheckConfig, ExpertRequest, PlannerConfig, SpecConfig
 from runtime.planner import Planner
 
 TOK = Tokenizer.build("ego is cruising at 12 m/s , so keep speed the lead brakes slow down".split())
@@ -21,6 +21,25 @@ CAMS = ("front_wide", "front_tele", "cross_left", "cross_right")
 def make(cls=TableBackend, max_len=1024, **cfg):
     be = cls(len(TOK), max_len=max_len, draft_noise=0.3, stop_id=TOK.cot_end, stop_slope=0.3)
     return Planner(be, TOK, PlannerConfig(**cfg)), be
+
+
+class Recording(TableBackend):
+    """Keeps every ExpertRequest its expert was given."""
+
+    def expert(self, rows, v0, seed, request):
+        self.requests = getattr(self, "requests", []) + [request]
+        return super().expert(rows, v0, seed, request)
+
+
+def test_the_expert_request_is_checked_and_carries_the_profile_to_every_expert_call():
+    for bad, says in (({"samples": 0}, r"samples=0 is out of range; allowed \[1, 64\]"),
+                      ({"steps": 0}, r"steps=0 is out of range; allowed \[1, 100\]"),
+                      ({"combine": "max"}, r"combine='max' is not allowed; choose one of \['mean', 'medoid'\]")):
+        with pytest.raises(ConfigError, match=says):
+            ExpertRequest(**bad)
+    p, be = make(Recording, fallback="inline", trajectory_samples=3, euler_steps=4, trajectory_combine="medoid")
+    assert p.plan(IMAGES, HISTORY).ok
+    assert len(be.requests) == 2 and set(be.requests) == {ExpertRequest(samples=3, steps=4, combine="medoid")}
 
 
 def assert_delivered(res, source):

@@ -51,7 +51,7 @@ def features(be):
     v = be.engines["vision"]
     out = []
     for name in ("image_embeds", "deepstack"):
-        dims = [d for t in be.meta["graphs"]["vision"]["outputs"] if t["name"] == name for d in [t["shape"]]][0]
+        dims = be.meta.graphs["vision"].dims(name, "outputs")
         host = np.zeros(dims, v.dtype[name])
         be.cuda.d2h(host, v.buf[name], be.stream)
         out.append(host)

@@ -12,6 +12,7 @@ from prompt.vocab import Tokenizer
 from runtime.artifacts import find_checkpoints
 from models.io import with_tokenizer
 from runtime.backend import BackendSpec, expert_noise
+from runtime.config import ExpertRequest
 from runtime.backends.torch import create
 from policies import FixedK
 from runtime.loop import GreedyRule, generate
@@ -111,7 +112,7 @@ def test_the_mean_of_several_expert_draws_is_the_experts_own_mean(saved):
     prompt = np.arange(20, 50)
     generate(be, prompt, GreedyRule(), FixedK(0), max_new=1)
     one = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7)
-    four = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7, samples=4)
+    four = be.action(np.zeros(0, np.int64), len(prompt), 8.0, seed=7, request=ExpertRequest(samples=4))
     noise = torch.from_numpy(expert_noise(7, 4, expert.cfg.n_waypoints, expert.cfg.action_dim))
     want, _ = expert.sample(be.cache, len(prompt), torch.tensor([8.0]), rope_delta=be.delta,
                             noise=noise, samples=4)

@@ -35,7 +35,7 @@ def test_ship_copies_a_reduced_head_draft_and_refuses_a_mislabelled_one(tmp_path
     shipped = ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(out), "drafts": {
         "flat": f"{TINY}/draft-flat", "flat-v256": f"{TINY}/draft-flat-v256"}}))
     _, cfg, meta = io.load(f"{shipped}/draft-flat-v256")
-    assert cfg.draft.vocab == 256 and meta["draft_vocab"] == 256 and meta["variant"] == "flat-v256"
+    assert cfg.draft.vocab == 256 and meta.draft_vocab == 256 and meta.variant == "flat-v256"
     assert sorted(p.name for p in out.iterdir()) == ["draft-flat", "draft-flat-v256", "expert", "target",
                                                      "tokenizer.json"]
     # a full-head draft under a -v<N> name, and a reduced head whose meta.json claims another N

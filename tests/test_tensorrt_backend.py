@@ -18,7 +18,7 @@ import pytest
 from engines import build as eb
 from engines.profile import load_profile
 from prompt.config import ConfigError, file_sha256
-from prompt.meta import stamp_facts
+from prompt.artifacts import stamp_facts
 from prompt.tokenizer import load_tokenizer
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
@@ -85,6 +85,28 @@ def test_speculative_equals_plain_and_the_onnxruntime_backend(engines, doubles):
     trt, cuda = doubles
     # 7 backends, each capturing its 9 verify widths up front, none later
     assert cuda.log["graph_launch"] > 0 and cuda.log["graph_instantiate"] <= 7 * 9
+
+
+def test_the_kv_cache_element_size_is_the_engines_kv_dtype(engines, tmp_path, doubles):
+    """Engines whose KV tensors TensorRT reports as fp16 get a cache of 2-byte elements, its rows
+    copied at that pitch (a 4-byte literal would size and stride the cache for fp32): a cycle runs
+    and the cache holds the onnxruntime backend's rows, rounded to fp16."""
+    e = copy_of(engines, tmp_path)
+    build_fake_engines(e, kv_dtype="float16")
+    trt, cuda = doubles
+    p, be = planner(e, spec=SpecConfig(k=4, adaptive=False))
+    assert be.kv["cache"][2] == be.kv["draft_cache"][2] == 2
+    ref, ort = planner(e, backend=None, spec=SpecConfig(k=0, adaptive=False))
+    s = make_scene(100, split="test")
+    r, _ = p.plan(s.images, s.history), ref.plan(s.images, s.history)
+    assert r.trajectory is not None and r.reasoning_ids
+    blocks, hd, size = be.kv["cache"]
+    got = cuda.region(be.cache, blocks * be.max_len * hd * size).view(np.float16).reshape(ort.cache.shape)
+    rows = slice(0, 8)                              # prompt rows: both backends' prefill wrote them
+    want = ort.cache[..., rows, :]
+    diff = float(np.abs(got[..., rows, :].astype(np.float32) - want).max())
+    print(f"fp16 cache vs onnxruntime's fp32: max abs diff {diff:.2e}")
+    assert diff <= 1e-2 * max(1.0, float(np.abs(want).max())), diff
 
 
 def test_sampling_reads_the_same_logits_as_the_onnxruntime_backend(engines, doubles):
@@ -209,7 +231,7 @@ def test_a_shape_outside_the_profile_is_refused(step, engines):
     e, ctx, stream, cuda, _ = step
     assert not ctx.set_input_shape("ids", (1, 10))         # profile 0 covers widths 1..9
     assert not e.create_execution_context().set_optimization_profile_async(0, int(stream))  # profile taken
-    from runtime.backends.tensorrt import Engine
+    from runtime.backends.tensorrt.engine import Engine
     assert Engine.profile_for(types_ns(e), {"ids": (1, 9)}) == 0
     with pytest.raises(ConfigError, match="outside every optimization profile"):
         Engine.profile_for(types_ns(e), {"ids": (1, 449)})

@@ -22,7 +22,7 @@ def test_shipped_folder_is_small_and_complete():
     assert (SHIPPED / "tokenizer.json").is_file() and (SHIPPED / "MODEL_CARD.md").is_file()
     for name, kind in [("target", "target"), ("expert", "expert")] + [(f"draft-{d}", "draft") for d in DRAFTS]:
         if (SHIPPED / name).exists():
-            assert io.read_meta(SHIPPED / name)["kind"] == kind
+            assert io.read_meta(SHIPPED / name).kind == kind
 
 
 def test_shipped_models_load_and_reason():
@@ -42,7 +42,7 @@ def test_shipped_models_load_and_reason():
     for d in DRAFTS:
         if (SHIPPED / f"draft-{d}").exists():
             _, draft, meta = io.load_draft(SHIPPED / f"draft-{d}", cfg, target)
-            assert meta["variant"] == d and draft.cfg.rope == ckpt.VARIANTS[d][0]
+            assert meta.variant == d and draft.cfg.rope == ckpt.VARIANTS[d][0]
             assert all(torch.isfinite(p).all() for p in draft.parameters())
 
 

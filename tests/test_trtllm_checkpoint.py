@@ -6,6 +6,7 @@ itself is not installed here: nothing is built, the checkpoints are judged by re
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import safetensors.torch
@@ -16,6 +17,7 @@ from engines import build as eb
 from engines import trtllm
 from engines.profile import GraphPrecision, TrtllmConfig, load_profile
 from models import io
+from prompt.artifacts import read_manifest
 from prompt.config import ConfigError
 from prompt.tokenizer import load_tokenizer
 from runtime.config import load_planner_config
@@ -31,13 +33,13 @@ CALIB = 2          # calibration scenes in these tests (the profiles use 32)
 
 def stub_export(checkpoint, out, draft, cfg, progress=print):
     (out / "meta.json").write_text(json.dumps({"graphs": {}}))
-    return {"graphs": {}}
+    return SimpleNamespace(graphs={})        # what the build reads of an export's meta (EnginesMeta)
 
 
 def stub_calibrate(profile, out, meta, planner, progress):
     """The ONNX calibration step is tested in test_calibration.py; the stub export has no graphs."""
     progress("[2/3] calibrate (stubbed)")
-    return {"status": "stubbed", "graphs": {}}
+    return {"status": "stubbed", "graphs": {}}, meta
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +123,10 @@ def test_build_hook_leaves_both_checkpoints_and_build_script(built):
     for role in ("target", "draft"):
         for f in ("config.json", "rank0.safetensors", "meta.json"):
             assert (out / "trtllm" / role / f).is_file(), (role, f)
-    m = eb.read_manifest(out)
-    assert m["steps"]["trtllm"].startswith("written") and m["trtllm"]["release"] == trtllm.TRTLLM_RELEASE
-    assert m["trtllm"]["checkpoints"]["target"]["quant_algo"] == "FP8"
-    assert (out / m["trtllm"]["build_script"]).is_file()
+    m = read_manifest(out)
+    assert m.steps["trtllm"].startswith("written") and m.trtllm.release == trtllm.TRTLLM_RELEASE
+    assert m.trtllm.checkpoints["target"]["quant_algo"] == "FP8"
+    assert (out / m.trtllm.build_script).is_file()
 
 
 @pytest.mark.parametrize("name", ["orin-fp16", "orin-int8"])
@@ -134,7 +136,7 @@ def test_orin_profiles_write_no_trtllm_folder(tmp_path, monkeypatch, name):
     monkeypatch.setattr(eb, "find_tensorrt", lambda: (None, None))
     prof = load_profile(name)
     assert eb.build(prof, CKPT, tmp_path, load_planner_config(prof.planner), lambda *_: None) == 3
-    assert not (tmp_path / "trtllm").exists() and "trtllm" not in eb.read_manifest(tmp_path)
+    assert not (tmp_path / "trtllm").exists() and read_manifest(tmp_path).trtllm is None
 
 
 def test_fp8_checkpoints_match_the_golden_layout(built):
@@ -149,8 +151,8 @@ def test_fp8_scales_come_from_calibration_over_train_scenes(built, models):
     _, target, _, draft = models
     for role, src in (("target", target.state_dict()), ("draft", draft.state_dict())):
         config, weights, meta = trtllm.read_checkpoint(out / role)
-        assert meta["calibration"]["sha256"] == sha and meta["calibration"]["split"] == "train"
-        assert meta["calibration"]["scenes"] == CALIB
+        assert meta.calibration["sha256"] == sha and meta.calibration["split"] == "train"
+        assert meta.calibration["scenes"] == CALIB
         for i in range(config["num_hidden_layers"]):
             p = f"transformer.layers.{i}.attention.qkv."
             a, w = float(weights[p + "activation_scaling_factor"]), float(weights[p + "weights_scaling_factor"])
@@ -160,7 +162,7 @@ def test_fp8_scales_come_from_calibration_over_train_scenes(built, models):
             assert w * trtllm.FP8_MAX == pytest.approx(float(qkv.abs().max()), rel=1e-6)
             deq = weights[p + "weight"].float() * w
             assert (deq - qkv).abs().max() <= 0.07 * qkv.abs().max(), "E4M3 rounding is within 1/16 relative"
-    assert meta["cannot_build_at_release"] == []
+    assert meta.cannot_build_at_release == []
 
 
 def test_activation_amax_is_the_largest_input_seen(models):
@@ -244,8 +246,8 @@ def test_fp8_checkpoints_read_back_within_tolerance(built, models):
 
 
 def test_target_limits_are_stated(built):
-    meta = json.loads((built[0] / "trtllm" / "target" / "meta.json").read_text())
-    text = " ".join(meta["cannot_build_at_release"])
+    _, _, meta = trtllm.read_checkpoint(built[0] / "trtllm" / "target")
+    text = " ".join(meta.cannot_build_at_release)
     assert "qk-norm" in text and "DeepStack" in text and "interleaved" in text
 
 

@@ -51,9 +51,9 @@ def backend(tmp_path, monkeypatch, d2t):
         (tmp_path / "trtllm" / "engines" / role).mkdir(parents=True, exist_ok=True)
         (tmp_path / "trtllm" / "engines" / role / "config.json").write_text("{}")
     RecordingRunner.requests = []
-    meta = {"draft_features": "none", "target": {"image_token_id": V - 1}}
-    be = TrtLlmBackend(tmp_path, meta, {"trtllm": {"release": "1.0.0rc4"}},
-                       libraries=(RecordingRunner, SimpleNamespace, torch))
+    meta = SimpleNamespace(draft_features="none", target=SimpleNamespace(image_token_id=V - 1))   # of EnginesMeta
+    manifest = SimpleNamespace(trtllm=SimpleNamespace(release="1.0.0rc4"))                       # of Manifest
+    be = TrtLlmBackend(tmp_path, meta, manifest, libraries=(RecordingRunner, SimpleNamespace, torch))
     be.prompt_table, be.mrope = torch.zeros(0, 8), SimpleNamespace()
     return be
 

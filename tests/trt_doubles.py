@@ -1,4 +1,4 @@
-"""Test doubles of the TensorRT and cuda-python API subsets runtime/backends/tensorrt.py calls.
+"""Test doubles of the TensorRT and cuda-python API subsets runtime/backends/tensorrt/ calls.
 
 No GPU and no TensorRT here: "device memory" is host memory the double owns and tracks, an
 "engine" is a small JSON naming the ONNX graph and its optimization profiles, and executing it runs
@@ -281,6 +281,10 @@ class DataType(enum.Enum):
     HALF = "float16"
 
 
+ORT_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+             "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
 def build_engine(onnx_file: Path, graph: dict, profiles: list[dict], version: str) -> bytes:
     """The double's "serialized engine": the ONNX graph it runs, its I/O (meta.json's entry) and
     its optimization profiles {input: (min, opt, max)}."""
@@ -475,8 +479,9 @@ class FakeContext:
 
     def _run(self, shapes, views):
         e = self.engine
-        feed = {n: np.frombuffer(views[n].tobytes(), np.dtype(e.io[n]["dtype"])).reshape(shapes[n])
-                for n in e.input_names}
+        graph = {i.name: ORT_NUMPY[i.type] for i in e.session().get_inputs()}   # an engine built at other
+        feed = {n: np.frombuffer(views[n].tobytes(), np.dtype(e.io[n]["dtype"])).reshape(shapes[n])  # I/O types
+                .astype(graph[n], copy=False) for n in e.input_names}           # converts at its bindings
         outs = e.session().run([t["name"] for t in e.spec["outputs"]], feed)
         for t, out in zip(e.spec["outputs"], outs):
             if tuple(out.shape) != tuple(shapes[t["name"]]):

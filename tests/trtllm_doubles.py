@@ -15,7 +15,6 @@ choices and appends its next token (so at most len(draft) + 1 new tokens).
 """
 from __future__ import annotations
 
-import json
 import sys
 import types
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from prompt.artifacts import read_engines_meta
 from prompt.positions import rope_tables
 from runtime.backends.onnxruntime import open_sessions
 from tests.trt_doubles import ContractError
@@ -51,10 +51,10 @@ class FakeModelRunnerCpp:
     def __init__(self, engine_dir: Path, options: dict):
         self.role, self.options = engine_dir.name, options
         folder = engine_dir.parents[2]                   # FOLDER/trtllm/engines/ROLE
-        self.meta = json.loads((folder / "meta.json").read_text())
+        self.meta = read_engines_meta(folder)
         self.sessions = open_sessions(folder, self.meta, "cpu", 1)
-        m = self.meta["target"] if self.role == "target" else self.meta["draft_llm"]
-        self.cache = np.zeros((m["layers"], 2, 1, m["kv_heads"], self.meta["max_len"], m["head_dim"]), np.float32)
+        m = self.meta.target if self.role == "target" else self.meta.draft_llm
+        self.cache = np.zeros((m.layers, 2, 1, m.kv_heads, self.meta.max_len, m.head_dim), np.float32)
         self.keys: list = []
 
     def generate(self, batch_input_ids, max_new_tokens=1, end_id=None, pad_id=None, prompt_table=None,
@@ -74,7 +74,7 @@ class FakeModelRunnerCpp:
         if not (return_dict and output_sequence_lengths):
             raise ContractError("return_dict and output_sequence_lengths are needed to read the new tokens")
         ids = batch_input_ids[0].numpy().astype(np.int64)
-        V = self.meta["target"]["vocab_size"]
+        V = self.meta.target.vocab_size
         table = None if prompt_table is None else prompt_table.numpy()
         if (ids >= V).any() and (table is None or ids.max() >= V + len(table)):
             raise ContractError("prompt-table ids (>= vocab_size) need a prompt_table with that many rows")
@@ -105,7 +105,7 @@ class FakeModelRunnerCpp:
     # --- the model, through the graphs ----------------------------------------------------------
     def _answer(self, ids, keys, table, allowed, mrope, max_new, drafts):
         c = next((i for i, (a, b) in enumerate(zip(self.keys, keys)) if a != b), min(len(self.keys), len(keys)))
-        V = self.meta["target"]["vocab_size"]
+        V = self.meta.target.vocab_size
         reused = [i for i in range(c) if ids[i] >= V]
         if reused and not np.array_equal(self.table[ids[reused] - V], table[ids[reused] - V]):
             raise ContractError("KV-cache block reuse would keep another prompt table's image rows: "
@@ -131,21 +131,21 @@ class FakeModelRunnerCpp:
         return np.asarray(drafts[:m] + [int(choices[m])], np.int64)
 
     def _rope(self, mrope, rows):
-        hd = self.meta["target"]["head_dim"]
+        hd = self.meta.target.head_dim
         t = mrope.mrope_rotary_cos_sin.numpy().reshape(-1, 2 * hd)[rows]
         return t[None, :, :hd], t[None, :, hd:]
 
     def _prefill(self, ids, table, mrope):
-        T, V = len(ids), self.meta["target"]["vocab_size"]
-        ids = np.where(ids >= V, self.meta["target"]["image_token_id"], ids)[None]
+        T, V = len(ids), self.meta.target.vocab_size
+        ids = np.where(ids >= V, self.meta.target.image_token_id, ids)[None]
         if self.role == "target":
             cos, sin = self._rope(mrope, np.arange(T))
-            deep = np.zeros(self.meta["graphs"]["prefill"]["inputs"][4]["shape"], np.float32)
+            deep = np.zeros(self.meta.graphs["prefill"].inputs[4].shape, np.float32)
             _, _, _, kv = self.sessions["prefill"].run(None, dict(ids=ids, cos=cos, sin=sin, image_embeds=table,
                                                                    deepstack=deep, allowed=np.ones((T, V), bool)))
         else:
-            d = self.meta["draft_llm"]
-            cos, sin = rope_tables(np.arange(T)[None], d["head_dim"], d["rope_theta"])
+            d = self.meta.draft_llm
+            cos, sin = rope_tables(np.arange(T)[None], d.head_dim, d.rope_theta)
             (kv,) = self.sessions["draft_prefill"].run(None, dict(ids=ids, cos=cos, sin=sin, image_embeds=table))
         self.cache[..., :T, :] = kv
 
@@ -158,8 +158,8 @@ class FakeModelRunnerCpp:
         return top[0]
 
     def _feed(self, ids, start, allowed):
-        n, d = len(ids), self.meta["draft_llm"]
-        cos, sin = rope_tables(np.arange(start, start + n)[None], d["head_dim"], d["rope_theta"])
+        n, d = len(ids), self.meta.draft_llm
+        cos, sin = rope_tables(np.arange(start, start + n)[None], d.head_dim, d.rope_theta)
         _, top, _, kv = self.sessions["draft_feed"].run(None, dict(ids=ids[None], cos=cos, sin=sin, cache=self.cache,
                                                                     start=np.array([start]),
                                                                     allowed=np.tile(allowed, (n, 1))))

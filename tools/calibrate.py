@@ -48,21 +48,20 @@ def common(p) -> None:
 
 
 def _open(args):
-    from calibration.variants import fp32_graphs
-    from prompt.meta import read_meta
+    from prompt.artifacts import EnginesMeta, read_meta
     from runtime.artifacts import load_tokenizer
     from runtime.config import load_planner_config
 
     meta = read_meta(args.engines)
-    if meta.get("kind") != "engines" or meta.get("backend") != "onnxruntime":
+    backend = meta.backend if isinstance(meta, EnginesMeta) else None
+    if backend != "onnxruntime":
         raise ConfigError(f"{args.engines}: not a folder of `specdrive export onnx` (meta.json kind "
-                          f"{meta.get('kind')!r}, backend {meta.get('backend')!r})")
+                          f"{meta.kind!r}, backend {backend!r})")
     cfg = load_planner_config(args.profile)
-    if cfg.max_len != meta["max_len"]:
+    if cfg.max_len != meta.max_len:
         raise ConfigError(f"--profile {args.profile}: max_len {cfg.max_len}, but {args.engines} was exported "
-                          f"for max_len {meta['max_len']}; give the planner profile it was exported for")
-    fp32 = dict(meta, graphs=fp32_graphs(meta))
-    return fp32, load_tokenizer(args.engines), cfg
+                          f"for max_len {meta.max_len}; give the planner profile it was exported for")
+    return meta.reference(), load_tokenizer(args.engines), cfg
 
 
 def run_record(args) -> int:

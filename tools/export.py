@@ -44,6 +44,6 @@ def run(args) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder")
     meta = export_onnx(args.checkpoint, args.out, args.draft, cfg)
-    print(f"wrote {len(meta['graphs'])} graphs, meta.json and tokenizer.json to {args.out}; run them with "
+    print(f"wrote {len(meta.graphs)} graphs, meta.json and tokenizer.json to {args.out}; run them with "
           f"`specdrive plan --engines {args.out}`")
     return 0

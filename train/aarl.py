@@ -161,8 +161,8 @@ def run(cfg: AARLConfig) -> Path:
     for p in [*target.parameters(), *expert.parameters()]:
         p.requires_grad_(False)
     _, policy, meta = io.load_draft(cfg.draft, model_cfg, target)
-    if meta.get("variant") != "flat":
-        raise ValueError(f"{cfg.draft}: AARL post-trains the 'flat' draft, this is {meta.get('variant')!r}")
+    if meta.variant != "flat":
+        raise ValueError(f"{cfg.draft}: AARL post-trains the 'flat' draft, this is {meta.variant!r}")
     ref = policy.frozen_copy()
     policy.train()
     examples = data.load_examples(cfg.data, tok, model_cfg.target.vision)

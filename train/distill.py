@@ -114,7 +114,7 @@ def run(cfg: DistillConfig) -> list[Path]:
         p.requires_grad_(False)
     examples = data.load_examples(cfg.data, tok, model_cfg.target.vision)
     out = Path(cfg.run.out)
-    source = io.read_meta(io.scan_checkpoints(cfg.target)[0]["target"])["modules"]["target"]["sha256"]
+    source = io.read_meta(io.scan_checkpoints(cfg.target)[0]["target"]).modules["target"].sha256
     cache = reasoning.cache_reasoning(out / "reasoning.safetensors", target, examples, tok,
                                       cfg.max_new_tokens, cfg.gen_batch, source)
     print("greedy reasoning:", reasoning.summary(cache, tok))

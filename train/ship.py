@@ -36,11 +36,11 @@ def run(cfg: ShipConfig) -> str:
             print(f"ship: skipping draft {variant!r}: {src} does not exist")
             continue
         meta = io.read_meta(src)
-        if meta.get("variant") != variant:
-            raise ConfigError(f"{src}: meta.json variant is {meta.get('variant')!r}, not {variant!r}")
-        vocab, head = ship_vocab(variant), meta.get("config", {}).get("draft", {}).get("vocab", 0)
-        if meta.get("draft_vocab", 0) != vocab or head != vocab:
-            raise ConfigError(f"{src}: a draft head of draft_vocab={meta.get('draft_vocab', 0)} / "
+        if meta.variant != variant:
+            raise ConfigError(f"{src}: meta.json variant is {meta.variant!r}, not {variant!r}")
+        vocab, head = ship_vocab(variant), meta.config.get("draft", {}).get("vocab", 0)
+        if meta.draft_vocab != vocab or head != vocab:
+            raise ConfigError(f"{src}: a draft head of draft_vocab={meta.draft_vocab} / "
                               f"config draft.vocab={head} rows, but {variant!r} needs {vocab or 'the target'}'s")
         _copy(src, out / f"draft-{variant}")
     return str(out)

@@ -40,10 +40,10 @@ def corpus(n: int, seed: int) -> list[str]:
 def dataset_corpus(data_dir) -> list[str]:
     """The CoC texts of a dataset's train split (what the target learns to write), read from the
     shards' JSON without touching the arrays."""
-    from scenes.dataset import read_manifest
+    from scenes.dataset import read_dataset_manifest
 
     root = Path(data_dir)
-    manifest = read_manifest(root)
+    manifest = read_dataset_manifest(root)
     if "train" not in manifest["splits"]:
         raise ConfigError(f"{root} has no train split to build the tokenizer from")
     texts = []

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from prompt.config import ConfigError
 from runtime.budget import FakeClock, wall_ms
+from runtime.config import ExpertRequest
 
 MEASURED = "measured"
 PRECISION = "int8"
@@ -159,9 +160,9 @@ class PricedBackend:
         self._charge(f"verify_{len(tokens)}", self.pricer.ms("verify", len(tokens), self._ctx(start)))
         return out
 
-    def action(self, tokens, start, v0, seed, samples=1, steps=None, combine="mean"):
-        out = self._be.action(tokens, start, v0, seed, samples=samples, steps=steps, combine=combine)
+    def action(self, tokens, start, v0, seed, request=ExpertRequest()):
+        out = self._be.action(tokens, start, v0, seed, request)
         rows = self._ctx(start) + len(tokens) - self.pricer.prompt_len
-        euler = steps or self.pricer.cfg.expert.euler_steps
-        self._charge("action", self.pricer.ms("action", rows, euler, samples))
+        euler = request.steps or self.pricer.cfg.expert.euler_steps
+        self._charge("action", self.pricer.ms("action", rows, euler, request.samples))
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from prompt.config import ConfigError
-from prompt.meta import scan_checkpoints
+from prompt.artifacts import scan_checkpoints
 from runtime.artifacts import ModelSource, backend_spec
 from runtime.backend import BackendSpec, load_backend
 
@@ -26,7 +26,7 @@ def open_bench_backends(src: ModelSource, drafts: str | None, max_len: int, defa
                               max_len, default_tokenizer)
     if src.engines is not None:
         be = load_backend(name, spec)
-        return spec.tokenizer, be, {str(spec.meta.get("draft", "draft")): be}, f"engines {src.engines}"
+        return spec.tokenizer, be, {spec.meta.draft: be}, f"engines {src.engines}"
     if src.checkpoint is not None:
         return spec.tokenizer, load_backend(name, spec), _checkpoint_drafts(src, drafts, spec), \
             f"checkpoint {src.checkpoint}"

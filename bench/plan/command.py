@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.config import read_json
+from prompt.artifacts import read_manifest
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import load_planner_config, with_overrides
 from runtime.planner import Planner
@@ -40,11 +40,11 @@ class PlanRun:
     quiet: bool = False             # no live table
 
 
-def default_profile(args: ModelSource) -> str:
+def default_profile(source: ModelSource) -> str:
     """The planner profile an engines build was made for (its manifest.json), else cpu."""
-    manifest = getattr(args, "engines", None) and Path(args.engines) / "manifest.json"
+    manifest = source.engines and Path(source.engines) / "manifest.json"
     if manifest and manifest.is_file():
-        name = read_json(manifest, "engines manifest").get("planner")
+        name = read_manifest(source.engines).planner
         if name:
             print(f"planner profile {name!r} (from {manifest}; --profile NAME for another)", flush=True)
             return name

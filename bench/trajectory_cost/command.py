@@ -22,7 +22,7 @@ from prompt.config import ConfigError
 from runtime.artifacts import find_checkpoints, load_tokenizer
 from runtime.backend import load_backend
 from runtime.checks import ego_speed
-from runtime.config import load_planner_config, with_overrides
+from runtime.config import ExpertRequest, load_planner_config, with_overrides
 from runtime.planner import Planner
 from scenes import world
 from train.metrics import ade
@@ -70,11 +70,11 @@ def measure(planner: Planner, scene, name: str, grid, repeats: int) -> dict:
         times, traj = [], None
         for _ in range(repeats):
             t0 = time.perf_counter()
-            traj = be.action(coc, res.prompt_len, v0, 1234, samples=s, steps=e, combine=c)
+            traj = be.action(coc, res.prompt_len, v0, 1234, ExpertRequest(samples=s, steps=e, combine=c))
             times.append((time.perf_counter() - t0) * 1e3)
         fde = float(np.linalg.norm(traj[-1, :2] - scene.future[-1, :2]))
         out[(e, s, c)] = (ade(traj, scene.future), fde, float(min(times)))
-    draws = np.stack([be.action(coc, res.prompt_len, v0, 1234 + i, samples=1) for i in range(GAP_DRAWS)])
+    draws = np.stack([be.action(coc, res.prompt_len, v0, 1234 + i) for i in range(GAP_DRAWS)])
     return {"settings": out, "gap": mode_gap(draws[..., :2])}
 
 

@@ -2,7 +2,8 @@
 TensorRT): what is decided on the host, written once. The engine-specific part (running one graph
 and moving its tensors) stays in each backend module.
 
-    shapes       meta.json's target / draft dimensions, max_len, fused features
+    shapes       meta.json's target / draft dimensions, max_len, fused features (meta.json is
+                 read and checked whole by prompt/artifacts.py: EnginesMeta)
     rotary       prompt.positions.rope_tables: M-RoPE (target), FlatRoPE or M-RoPE (draft)
     draft map    a reduced draft head's d2t (meta.json draft_vocab), applied in the graph or here
     action       the checks of a trajectory request, the seeded noise, the expert's rotary tables
@@ -13,102 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from prompt.artifacts import EnginesMeta
 from prompt.config import ConfigError
 from prompt.draft_vocab import check_d2t, d2t_sha256
-from prompt.graphs import (DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, OPTIONAL, VISION,
-                           VISION_FRAME, graph_io, required_graphs)
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
 from runtime.backend import Backend, expert_noise
-
-FORMAT_VERSION = 1       # export/onnx.py's FORMAT_VERSION and OPSET: what this runtime reads
-OPSET = 18
-
-
-def check_graphs_meta(folder, meta: dict) -> None:
-    """An exported folder's meta.json checked whole before anything loads: version, opset, the
-    graph list the draft needs, every graph file inside the folder, and the declared shapes
-    against the facts they follow from (image size -> patches, draft features -> feature
-    widths). ConfigError naming the field and what is allowed."""
-    from pathlib import Path
-
-    where = f"{folder}/meta.json"
-    for key, want in (("format_version", FORMAT_VERSION), ("opset", OPSET)):
-        got = meta.get(key)
-        if type(got) is not int or got != want:
-            raise ConfigError(f"{where}: {key} {got!r}; this runtime reads {key} {want} (re-export the folder)")
-    graphs = meta.get("graphs")
-    if not isinstance(graphs, dict):
-        raise ConfigError(f"{where}: no 'graphs' table (each graph's file, sha256, inputs and outputs); "
-                          "re-export the folder")
-    features = meta.get("draft_features")
-    if features not in DRAFT_FEATURES:
-        raise ConfigError(f"{where}: draft_features {features!r}; allowed {list(DRAFT_FEATURES)}")
-    want = set(required_graphs(features))
-    if set(graphs) - set(OPTIONAL) != want:
-        raise ConfigError(f"{where}: graphs {sorted(graphs)}; a draft_features={features!r} export has exactly "
-                          f"{sorted(want)} (missing {sorted(want - set(graphs))}, unknown "
-                          f"{sorted(set(graphs) - want - set(OPTIONAL))}; optional {list(OPTIONAL)})")
-    root = Path(folder).resolve()
-    for name, g in graphs.items():
-        if not isinstance(g, dict) or not all(k in g for k in ("file", "sha256", "inputs", "outputs")):
-            raise ConfigError(f"{where}: graph {name!r} needs 'file', 'sha256', 'inputs' and 'outputs'")
-        file = g["file"]
-        if not isinstance(file, str) or Path(file).is_absolute() or \
-                not (root / file).resolve().is_relative_to(root):
-            raise ConfigError(f"{where}: graph {name!r} file {file!r} is outside the folder; a graph file "
-                              "is a path relative to the folder, inside it")
-        _check_io_names(where, name, g, features)
-    _check_declared_shapes(where, meta, graphs, features)
-
-
-def _check_io_names(where: str, name: str, graph: dict, features: str) -> None:
-    """A graph's declared input and output names are the ones prompt/graphs.py declares."""
-    want = graph_io(name, features)
-    for side, names in (("inputs", want.inputs), ("outputs", want.outputs)):
-        got = tuple(t.get("name") if isinstance(t, dict) else None for t in graph[side] or ())
-        if got != names:
-            raise ConfigError(f"{where}: graph {name!r} {side} {list(got)}; this runtime binds {list(names)} "
-                              "(the folder was exported by another version: re-export it)")
-
-
-def _dims(graph: dict, name: str, side: str = "inputs") -> list | None:
-    return next((t["shape"] for t in graph[side] if t.get("name") == name), None)
-
-
-def output_dims(graph: dict, name: str) -> list:
-    """The declared shape of a graph output (meta.json)."""
-    return _dims(graph, name, "outputs")
-
-
-def _check_declared_shapes(where: str, meta: dict, graphs: dict, features: str) -> None:
-    p, v, t, d = meta["prompt"], meta["vision"], meta["target"], meta["draft_llm"]
-    images = np.zeros((p["cameras"] * p["frames"], *p["image_hw"], 3), np.uint8)
-    try:
-        patches, grid = images_to_patches(images, v["patch"], v["temporal_patch"], v["merge"])
-    except ValueError as e:
-        raise ConfigError(f"{where}: prompt.image_hw {p['image_hw']}: {e}") from None
-    if np.asarray(grid).tolist() != p["grid_thw"]:
-        raise ConfigError(f"{where}: prompt.image_hw {p['image_hw']} x {p['cameras']} cameras x {p['frames']} "
-                          f"frames gives the patch grid {np.asarray(grid).tolist()[:1]}..., but grid_thw is "
-                          f"{p['grid_thw'][:1]}...: the graphs were exported for another image size")
-    wants = [(VISION, "patches", list(patches.shape))]
-    if VISION_FRAME in graphs:
-        wants.append((VISION_FRAME, "patches", [patches.shape[0] // len(images), patches.shape[1]]))
-    fused = features == "fused"
-    for graph in (DRAFT_FEED, DRAFT_PREFILL):
-        if (_dims(graphs[graph], FEATS) is not None) != fused:
-            raise ConfigError(f"{where}: draft_features {features!r} but graph {graph!r} "
-                              f"{'has no' if fused else 'has a'} 'feats' input: the graphs are of another draft")
-    if fused:
-        wants += [(DRAFT_FEED, FEATS, [1, "T", 3 * t["hidden"]]),
-                  (DRAFT_CHAIN, FEATS, [1, "T", d["hidden"]])]
-    for graph, inp, shape in wants:
-        got = _dims(graphs[graph], inp)
-        if got != shape:
-            raise ConfigError(f"{where}: graph {graph!r} input {inp!r} is declared {got}, but the meta.json facts "
-                              f"give {shape}: declarations that do not fit the graphs")
-
+from runtime.config import ExpertRequest
 
 def split_frames(images: np.ndarray, run, n_images: int) -> list:
     """Per-frame (embeds (t, D), deepstack (S, t, D)) of `images` (n, H, W, 3) through `run`, a
@@ -127,36 +39,32 @@ def split_frames(images: np.ndarray, run, n_images: int) -> list:
 class GraphBackend(Backend):
     """Shapes, rotary tables, masks and the expert's host side over one exported meta.json."""
 
-    def init_shapes(self, folder, meta: dict, max_len: int | None) -> None:
-        if max_len is not None and max_len != meta["max_len"]:
-            raise ConfigError(f"{folder}: graphs were exported for max_len={meta['max_len']}, the "
+    def init_shapes(self, folder, meta: EnginesMeta, max_len: int | None) -> None:
+        if max_len is not None and max_len != meta.max_len:
+            raise ConfigError(f"{folder}: graphs were exported for max_len={meta.max_len}, the "
                               f"planner asks for {max_len}; re-export or set max_len to match")
-        t = meta["target"]
-        self.meta, self.vocab_size, self.max_len = meta, t["vocab_size"], meta["max_len"]
-        self.fused = meta["draft_features"] == "fused"
+        t = meta.target
+        self.meta, self.vocab_size, self.max_len = meta, t.vocab_size, meta.max_len
+        self.fused = meta.draft_features == "fused"
         self.draft_keeps_proposals = not self.fused
-        self.feat_dim = 3 * t["hidden"] if self.fused else 1
+        self.feat_dim = 3 * t.hidden if self.fused else 1
         self.delta = 0
-        self.action_fixed = (meta["action"]["samples"], meta["action"]["combine"])   # in action_output
+        self.action_fixed = (meta.action.samples, meta.action.combine)   # in action_output
 
-    def init_draft_vocab(self, folder, meta: dict, tokenizer) -> None:
-        """meta.json's draft_vocab ({} for a full head): a reduced head's d2t checked against its
+    def init_draft_vocab(self, folder, meta: EnginesMeta, tokenizer) -> None:
+        """meta.json's draft_vocab (None for a full head): a reduced head's d2t checked against its
         hash and the tokenizer; `host_map` when the backend applies it (export --draft-map host)."""
-        dv = meta.get("draft_vocab") or {}
+        dv = meta.draft_vocab
         self.d2t, self.host_map = None, False
-        if not dv:
+        if dv is None:
             return
-        if dv.get("map") not in ("graph", "host") or not isinstance(dv.get("d2t"), list) or \
-                len(dv["d2t"]) != dv.get("n"):
-            raise ConfigError(f"{folder}/meta.json: draft_vocab needs n, map ('graph' or 'host') and a d2t list "
-                              f"of n ids; found map {dv.get('map')!r}, n {dv.get('n')!r}")
-        d2t = np.asarray(dv["d2t"], np.int64)
+        d2t = np.asarray(dv.d2t, np.int64)
         where = f"{folder}/meta.json draft_vocab"
         if tokenizer is not None:
-            check_d2t(d2t, tokenizer, where, dv.get("d2t_sha256"))
-        elif d2t_sha256(d2t) != dv.get("d2t_sha256"):
+            check_d2t(d2t, tokenizer, where, dv.d2t_sha256)
+        elif d2t_sha256(d2t) != dv.d2t_sha256:
             raise ConfigError(f"{where}: d2t does not match its d2t_sha256")
-        self.d2t, self.host_map = d2t, dv["map"] == "host"
+        self.d2t, self.host_map = d2t, dv.map == "host"
 
     def draft_allowed(self, index0: int, n: int) -> np.ndarray:
         """The draft graphs' mask rows: over the target vocabulary, or the head's rows (host map)."""
@@ -176,56 +84,57 @@ class GraphBackend(Backend):
 
     # --- vision ---------------------------------------------------------------------------------
     def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
-        p = self.meta["prompt"]
-        want = (p["cameras"], p["frames"], *p["image_hw"], 3)
+        p = self.meta.prompt
+        want = (p.cameras, p.frames, *p.image_hw, 3)
         if tuple(image_shape) != want:
             raise ConfigError(f"images {tuple(image_shape)}: these graphs were exported for {want} "
                               "(cameras, frames, H, W, RGB)")
-        return np.asarray(p["grid_thw"], np.int64), self.meta["vision"]["merge"]
+        return np.asarray(p.grid_thw, np.int64), self.meta.vision.merge
 
     @property
     def n_images(self) -> int:
         """Images per cycle the vision graph was exported for."""
-        return len(self.meta["prompt"]["grid_thw"])
+        return len(self.meta.prompt.grid_thw)
 
     def patches(self, images: np.ndarray) -> np.ndarray:
-        v = self.meta["vision"]
+        v = self.meta.vision
         imgs = np.asarray(images).reshape(-1, *images.shape[-3:])        # camera-major
-        patches, _ = images_to_patches(imgs, v["patch"], v["temporal_patch"], v["merge"])
+        patches, _ = images_to_patches(imgs, v.patch, v.temporal_patch, v.merge)
         return patches.astype(np.float32)
 
     # --- rotary tables --------------------------------------------------------------------------
     def target_rope(self, positions):
-        t = self.meta["target"]
-        if t["mrope_section"] and np.asarray(positions).ndim == 2:
+        t = self.meta.target
+        if t.mrope_section and np.asarray(positions).ndim == 2:
             positions = np.broadcast_to(positions, (3, *np.shape(positions)))
-        return rope_tables(positions, t["head_dim"], t["rope_theta"], t["mrope_section"], t["interleaved"])
+        return rope_tables(positions, t.head_dim, t.rope_theta, list(t.mrope_section), t.interleaved)
 
     def draft_rope(self, start: int, n: int, prompt_positions=None):
-        if self.meta["draft_rope"] == "mrope":
+        if self.meta.draft_rope == "mrope":
             return self.target_rope(prompt_positions if prompt_positions is not None
                                      else np.arange(start, start + n)[None] + self.delta)
-        d = self.meta["draft_llm"]
-        return rope_tables(np.arange(start, start + n)[None], d["head_dim"], d["rope_theta"])
+        d = self.meta.draft_llm
+        return rope_tables(np.arange(start, start + n)[None], d.head_dim, d.rope_theta)
 
     # --- the action expert's host side ----------------------------------------------------------
-    def expert_inputs(self, rows: int, seed: int, samples: int, combine: str):
+    def expert_inputs(self, rows: int, seed: int, request: ExpertRequest):
         """Checked request -> (noise x (S, W, A) fp32, cos, sin (S, W, hd)): the draws start from
         the cycle's seed, the expert's queries sit at positions rows + delta + 0..W-1."""
-        a, t = self.meta["action"], self.meta["target"]
-        if (samples, combine) != (a["samples"], a["combine"]):
-            raise ConfigError(f"{self.folder}: action_output was exported for {a['samples']} draws "
-                              f"combined by {a['combine']!r}, the planner asks for {samples} by "
+        samples, combine = request.samples, request.combine
+        a, t = self.meta.action, self.meta.target
+        if (samples, combine) != (a.samples, a.combine):
+            raise ConfigError(f"{self.folder}: action_output was exported for {a.samples} draws "
+                              f"combined by {a.combine!r}, the planner asks for {samples} by "
                               f"{combine!r}; re-export with that planner profile")
-        W, A, S = a["n_waypoints"], a["action_dim"], samples
+        W, A, S = a.n_waypoints, a.action_dim, samples
         x = expert_noise(seed, S, W, A)
         pos = rows + self.delta + np.arange(W)
-        cos, sin = rope_tables(np.broadcast_to(pos, (3, S, W)) if t["mrope_section"] else
-                               np.broadcast_to(pos, (S, W)), t["head_dim"], t["rope_theta"],
-                               t["mrope_section"], t["interleaved"])
+        cos, sin = rope_tables(np.broadcast_to(pos, (3, S, W)) if t.mrope_section else
+                               np.broadcast_to(pos, (S, W)), t.head_dim, t.rope_theta,
+                               list(t.mrope_section), t.interleaved)
         return x, cos, sin
 
-    def euler_times(self, steps: int | None, samples: int) -> np.ndarray:
+    def euler_times(self, request: ExpertRequest) -> np.ndarray:
         """(steps, S) fp32: t = i / steps of Euler step i (x <- x + v(x, t) / steps)."""
-        steps = steps or self.meta["action"]["euler_steps"]
+        samples, steps = request.samples, request.steps or self.meta.action.euler_steps
         return np.repeat((np.arange(steps) / steps).astype(np.float32)[:, None], samples, 1)

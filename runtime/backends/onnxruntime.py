@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from prompt.artifacts import ONNX_FORMAT, EnginesMeta
 from prompt.config import ConfigError, file_sha256
 from prompt.graphs import ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
 from runtime.backend import BackendSpec, PrefillInputs
 from runtime.backends.graphs import GraphBackend, split_frames
 
-FORMAT = "specdrive-onnx"
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
              "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
@@ -40,7 +40,7 @@ class OrtBackend(GraphBackend):
     name = "onnxruntime"
     reuses_vision = True
 
-    def __init__(self, folder: Path, meta: dict, device: str = "cpu", max_len: int | None = None,
+    def __init__(self, folder: Path, meta: EnginesMeta, device: str = "cpu", max_len: int | None = None,
                  threads: int = 0, tokenizer=None):
         self.folder = Path(folder)
         # watch_graphs(graph, inputs) sees every session call's inputs (calibration's recorder)
@@ -49,9 +49,9 @@ class OrtBackend(GraphBackend):
         self.init_shapes(folder, meta, max_len)
         self.init_draft_vocab(self.folder, meta, tokenizer)
         self.sessions = open_sessions(self.folder, meta, device, threads)
-        t, d = meta["target"], meta["draft_llm"]
-        self.cache = np.zeros((t["layers"], 2, 1, t["kv_heads"], self.max_len, t["head_dim"]), np.float32)
-        self.draft_cache = np.zeros((d["layers"], 2, 1, d["kv_heads"], self.max_len, d["head_dim"]), np.float32)
+        t, d = meta.target, meta.draft_llm
+        self.cache = np.zeros((t.layers, 2, 1, t.kv_heads, self.max_len, t.head_dim), np.float32)
+        self.draft_cache = np.zeros((d.layers, 2, 1, d.kv_heads, self.max_len, d.head_dim), np.float32)
         self.feats = np.zeros((self.max_len, self.feat_dim), np.float32)
         self.bound = {"cache": ort.OrtValue.ortvalue_from_numpy(self.cache),
                       "draft_cache": ort.OrtValue.ortvalue_from_numpy(self.draft_cache)}
@@ -127,10 +127,10 @@ class OrtBackend(GraphBackend):
     def write(self, tokens, start: int) -> None:
         self._step(np.asarray(tokens, np.int64)[None], start)
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         context = np.ascontiguousarray(self.cache[..., :rows, :])
-        x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
-        times = self.euler_times(steps, samples)
+        x, cos, sin = self.expert_inputs(rows, seed, request)
+        times = self.euler_times(request)
         for t in times:                              # x <- x + dt v(x, t), t = i / steps
             (v,) = self._run(ACTION_VELOCITY, x=x, t=t, context=context, cos=cos, sin=sin)
             x = x + v / np.float32(len(times))
@@ -168,33 +168,32 @@ class OrtBackend(GraphBackend):
         return binding.copy_outputs_to_cpu()
 
 
-def check_meta(folder: Path, meta: dict) -> None:
-    """Refuse a folder that is not what its meta.json says, naming the difference."""
-    if meta.get("format") != FORMAT or meta.get("backend") != "onnxruntime":
-        raise ConfigError(f"{folder}/meta.json: format {meta.get('format')!r} backend {meta.get('backend')!r}; "
-                          f"expected {FORMAT!r} graphs for 'onnxruntime'")
+def check_meta(folder: Path, meta: EnginesMeta) -> None:
+    """Refuse a folder that is not what its meta.json says (read and checked whole by
+    prompt.artifacts), naming the difference: its backend, precisions, graph files."""
+    if meta.backend != "onnxruntime":
+        raise ConfigError(f"{folder}/meta.json: backend {meta.backend!r}; expected {ONNX_FORMAT!r} graphs for "
+                          "'onnxruntime'")
     check_precision(folder, meta)
-    for name, g in meta["graphs"].items():
-        file = folder / g["file"]
+    for name, g in meta.graphs.items():
+        file = folder / g.file
         if not file.is_file():
             raise ConfigError(f"{file}: missing (meta.json lists graph {name!r}); re-export the folder")
         digest = file_sha256(file)
-        if digest != g["sha256"]:
+        if digest != g.sha256:
             raise ConfigError(f"{file}: sha256 {digest[:12]}... does not match meta.json "
-                              f"({g['sha256'][:12]}...): the graph was changed or damaged")
+                              f"({g.sha256[:12]}...): the graph was changed or damaged")
 
 
-def check_precision(folder: Path, meta: dict) -> None:
+def check_precision(folder: Path, meta: EnginesMeta) -> None:
     """meta.json's "precision" table and each graph's own entry agree, and a graph said to be
     quantized carries the record calibration wrote (an fp32 graph called int8 is refused)."""
-    table = meta.get("precision")
-    if not isinstance(table, dict):
-        raise ConfigError(f"{folder}/meta.json: precision {table!r}; expected a table {{graph or '*': precision}}")
-    for name, g in meta["graphs"].items():
-        said, own = table.get(name, table.get("*")), g.get("precision", "fp32")
-        if said != own or (own != "fp32") != ("quantization" in g):
+    table = meta.precision
+    for name, g in meta.graphs.items():
+        said, own, record = table.get(name, table.get("*")), g.precision, g.quantization is not None
+        if said != own or (own != "fp32") != record:
             raise ConfigError(f"{folder}/meta.json: precision of graph {name!r} is {said!r}, but its graph "
-                              f"entry is {own} {'with' if 'quantization' in g else 'without'} a quantization "
+                              f"entry is {own} {'with' if record else 'without'} a quantization "
                               "record; only calibration (specdrive calibrate) makes quantized graphs")
 
 
@@ -208,10 +207,10 @@ def io_of(values) -> list:
 
 
 def declared(specs) -> list:
-    return [(t["name"], list(t["shape"]), ORT_TYPES.get(t.get("dtype"), t.get("dtype"))) for t in specs]
+    return [(t.name, list(t.shape), ORT_TYPES.get(t.dtype, t.dtype)) for t in specs]
 
 
-def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> dict:
+def open_sessions(folder: Path, meta: EnginesMeta, device: str, threads: int = 0) -> dict:
     """An InferenceSession per graph (`threads` intra-op threads; 0: onnxruntime's default), its
     inputs and outputs checked against meta.json."""
     kind = device.split(":")[0]
@@ -225,20 +224,20 @@ def open_sessions(folder: Path, meta: dict, device: str, threads: int = 0) -> di
     opts.log_severity_level = 3
     opts.intra_op_num_threads = int(threads)
     sessions = {}
-    for name, g in meta["graphs"].items():
+    for name, g in meta.graphs.items():
         try:
-            sess = ort.InferenceSession(str(folder / g["file"]), opts, providers=providers)
+            sess = ort.InferenceSession(str(folder / g.file), opts, providers=providers)
         except Exception as e:     # a corrupt graph that still matched its hash is a bad export
-            raise ConfigError(f"{folder / g['file']}: onnxruntime cannot load it: {e}") from None
+            raise ConfigError(f"{folder / g.file}: onnxruntime cannot load it: {e}") from None
         got = ([i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()])
-        want = ([i["name"] for i in g["inputs"]], [o["name"] for o in g["outputs"]])
+        want = ([i.name for i in g.inputs], [o.name for o in g.outputs])
         if got != want:
-            raise ConfigError(f"{folder / g['file']}: inputs/outputs {got} but meta.json says {want}")
-        for have, says in ((io_of(sess.get_inputs()), declared(g["inputs"])),
-                           (io_of(sess.get_outputs()), declared(g["outputs"]))):
+            raise ConfigError(f"{folder / g.file}: inputs/outputs {got} but meta.json says {want}")
+        for have, says in ((io_of(sess.get_inputs()), declared(g.inputs)),
+                           (io_of(sess.get_outputs()), declared(g.outputs))):
             for h, w in zip(have, says):
                 if h != w:
-                    raise ConfigError(f"{folder / g['file']}: {h[0]!r} is {h[2]} {h[1]} in the graph but "
+                    raise ConfigError(f"{folder / g.file}: {h[0]!r} is {h[2]} {h[1]} in the graph but "
                                       f"meta.json graph {name!r} declares {w[2]} {w[1]}")
         sessions[name] = sess
     return sessions

@@ -1,6 +1,6 @@
 """The TensorRT-LLM backend: target and standalone draft engines through TensorRT-LLM's
 `ModelRunnerCpp` in external-draft-token mode, driven by our loop and our budget; vision and the
-action expert run on the TensorRT backend's engines beside it (runtime/backends/tensorrt.py).
+action expert run on the TensorRT backend's engines beside it (runtime/backends/tensorrt/).
 
 Only exact (greedy) acceptance: TensorRT-LLM accepts draft tokens inside its runtime (a request
 with `draft_tokens_list` returns the accepted tokens and the next one), so the target's choices
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prompt.artifacts import EnginesMeta, Manifest
 from prompt.config import ConfigError
 from prompt.graphs import VISION
 from runtime.backend import Backend, BackendSpec, PrefillInputs, periodic_mask
@@ -68,12 +69,12 @@ class TrtLlmBackend(Backend):
     exact_only = True
     readouts = ("argmax",)          # token ids only (acceptance happens inside the runtime)
 
-    def __init__(self, folder: Path, meta: dict, manifest: dict, max_len: int | None = None,
+    def __init__(self, folder: Path, meta: EnginesMeta, manifest: Manifest, max_len: int | None = None,
                  k_max: int | None = None, eager: bool = False, libraries=None, tokenizer=None):
         from runtime.backends.tensorrt import TensorRTBackend
         Runner, self.MropeParams, self.torch = libraries or import_libraries()
         dirs = engine_dirs(Path(folder), manifest)
-        if meta["draft_features"] == "fused":
+        if meta.draft_features == "fused":
             raise ConfigError(f"{folder}: the draft reads the target's features (an EAGLE-style draft); "
                               "TensorRT-LLM's external-draft mode needs a standalone draft (export with "
                               "--draft flat-standalone)")
@@ -95,7 +96,7 @@ class TrtLlmBackend(Backend):
     def vision(self, images: np.ndarray) -> None:
         self.engines.vision(images)
         e = self.engines.engines[VISION]
-        table = np.zeros(self.engines.meta["graphs"][VISION]["outputs"][0]["shape"], np.float32)
+        table = np.zeros(self.engines.meta.graphs[VISION].outputs[0].shape, np.float32)
         self.engines.cuda.d2h(table, e.buf["image_embeds"], self.engines.stream)
         self.engines.cuda("cudaStreamSynchronize", self.engines.stream)
         self.prompt_table = self.torch.from_numpy(table)          # (N, D): one row per image token
@@ -161,11 +162,11 @@ class TrtLlmBackend(Backend):
         """Only into the sequence: `expert` writes the TensorRT cache's missing rows."""
         self.seq[start:start + len(tokens)] = tokens
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         """The reasoning rows [prompt_len, rows) into the TensorRT cache (one step), then the
         expert there."""
         T = self.prompt_len
-        return self.engines.action(self.seq[T:rows].astype(np.int64), T, v0, seed, samples, steps, combine)
+        return self.engines.action(self.seq[T:rows].astype(np.int64), T, v0, seed, request)
 
     def close(self) -> None:
         for runner in (getattr(self, "target", None), getattr(self, "drafter", None)):
@@ -180,7 +181,7 @@ class TrtLlmBackend(Backend):
         banned ids, default the mask's)."""
         bad = self.bad_words if bad_words is None else bad_words
         ids = np.asarray(ids, np.int32).copy()
-        image = ids == self.meta["target"]["image_token_id"]
+        image = ids == self.meta.target.image_token_id
         ids[image] = self.vocab_size + np.arange(int(image.sum()), dtype=np.int32)   # prompt-table rows
         extra_ids = np.where(image, self.cycle, 0).astype(np.int64)             # KV reuse never mixes images
         out = runner.generate(
@@ -205,22 +206,21 @@ class TrtLlmBackend(Backend):
                                 mrope_position_deltas=self.torch.tensor([[int(inputs.rope_delta)]]))
 
 
-def engine_dirs(folder: Path, manifest: dict) -> dict:
+def engine_dirs(folder: Path, manifest: Manifest) -> dict:
     """{target, draft}: the engines trtllm/BUILD.sh builds from the checkpoints engines/trtllm.py
     writes (manifest "trtllm"), at trtllm/engines/ROLE, each with trtllm-build's config.json."""
-    entry = manifest.get("trtllm")
-    if not entry:
-        raise ConfigError(f"{folder}/manifest.json has no TensorRT-LLM checkpoints (its profile {manifest.get('profile')!r} "
+    entry = manifest.trtllm
+    if entry is None:
+        raise ConfigError(f"{folder}/manifest.json has no TensorRT-LLM checkpoints (its profile {manifest.profile!r} "
                           "has trtllm disabled); use a Thor / Hopper profile, or --backend tensorrt")
     dirs = {role: folder / "trtllm" / "engines" / role for role in ("target", "draft")}
     missing = [r for r, d in dirs.items() if not (d / "config.json").is_file()]
     if missing:
-        blockers = {r: c.get("cannot_build_at_release") for r, c in entry.get("checkpoints", {}).items()
-                    if c.get("cannot_build_at_release")}
+        blockers = entry.blockers()
         raise ConfigError(f"{folder}: no TensorRT-LLM engines for {missing} (trtllm/engines/ROLE/config.json); "
-                          f"build them on the device: sh {folder / entry.get('build_script', 'trtllm/BUILD.sh')}"
+                          f"build them on the device: sh {folder / entry.build_script}"
                           + (f" (the checkpoints say what blocks the build at TensorRT-LLM "
-                             f"{entry.get('release')}: {blockers})" if blockers else ""))
+                             f"{entry.release}: {blockers})" if blockers else ""))
     return dirs
 
 

@@ -181,11 +181,11 @@ class TorchBackend(Backend):
         ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
         self.target(ids, *self._text_rope(start, ids.shape[1]), self.cache, start)
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
-        ec = self.expert_model.cfg        # the noise of every backend: numpy, on the host
-        noise = torch.from_numpy(expert_noise(seed, samples, ec.n_waypoints, ec.action_dim)).to(self.device)
-        wp, _ = self.expert_model.sample(self.cache, rows, torch.tensor([v0], device=self.device), steps,
-                                         rope_delta=self.delta, noise=noise, samples=samples, combine=combine)
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
+        ec, r = self.expert_model.cfg, request      # the noise of every backend: numpy, on the host
+        noise = torch.from_numpy(expert_noise(seed, r.samples, ec.n_waypoints, ec.action_dim)).to(self.device)
+        wp, _ = self.expert_model.sample(self.cache, rows, torch.tensor([v0], device=self.device), r.steps,
+                                         rope_delta=self.delta, noise=noise, samples=r.samples, combine=r.combine)
         return wp[0].float().cpu().numpy()
 
     # --- the forwards the runner captures (start: an int, or a (1,) device tensor) ---------------

@@ -1,61 +1,27 @@
-"""The TensorRT backend: the engines of `specdrive engines build` (one per graph of
-`specdrive export onnx`) driven with numpy, TensorRT's Python API and cuda-python only.
-
-The folder is the one the build wrote: ONNX graphs + meta.json (what the graphs are) and
-manifest.json (profile, shapes, precision per graph, target SM, TensorRT range, engine hashes).
-An engine whose manifest does not match this runtime (shapes, k_max, precision, SM, TensorRT
-version, hashes) is refused naming the difference (`check_manifest`).
-
-Device memory, allocated once (cuda-python's `cudaMalloc`; pycuda is not used: it cannot be built
-without the CUDA headers, and NVIDIA maintains cuda-python):
-
-    cache, draft_cache   (layers, 2, 1, kv_heads, max_len, head_dim) fp32 KV, written by index
-    feats                (max_len + 1, F) target features; row r at index r + 1, index 0 zeros
-    rope, draft_rope     (max_len, hd) cos / sin of every cache row (target: per prompt's delta)
-    mask                 (P + rows, V) bool: the periodic mask tiled, a call reads n rows from
-                         row (index0 - first) % P
-    arange               (max_len,) int64 0..max_len-1: a call's `start` input is one element
-    proposals            (max_len + k_max,) int64: the draft chain's arg-maxes, fed back on device
-    I/O buffers          per engine, sized for the largest shape any optimization profile allows
-
-A target step copies its inputs into the step engine's static buffers (device to device, from the
-tables above), runs the engine (a CUDA graph per verify width, captured at start), writes the new K/V rows
-into the cache with one cudaMemcpy2DAsync and reads back the arg-max. Per verify of n tokens the
-host sends the n ids and reads n ids back (greedy); per draft call it sends the fed ids and reads
-the k proposals once. The action expert runs on its own stream: it waits on an event recorded after
-the last cache write, copies the cache rows it reads into its context buffer, and its Euler update
-runs on the host (the export has no axpy graph; two (S, W, A) copies per Euler step).
-
-Documentation followed (TensorRT 10.3 Python API and Developer Guide; CUDA Runtime API 12.x):
-  IExecutionContext.set_optimization_profile_async / set_input_shape / set_tensor_address /
-  execute_async_v3; ICudaEngine.get_tensor_profile_shape / num_io_tensors / get_tensor_name /
-  get_tensor_mode (Developer Guide, "Working with Dynamic Shapes", "Optimization Profiles");
-  CUDA graphs over execute_async_v3 (Developer Guide, "CUDA Graphs": enqueue once after a shape
-  change before capturing; a graph holds the shapes and addresses of its capture);
-  cudaStreamBeginCapture / cudaStreamEndCapture / cudaGraphInstantiate / cudaGraphLaunch
-  (CUDA Runtime API, "Graph Management", "Stream Management"); cudaMemcpy2DAsync ("Memory
-  Management"). cuda-python returns (error, value...) tuples from every call.
+"""The TensorRT backend: `create(spec)` and the Backend over the engines of `specdrive engines
+build`, driven with numpy, TensorRT's Python API and cuda-python only (the package docstring,
+runtime/backends/tensorrt/__init__.py, says what lives in device memory and what crosses per call).
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError, file_sha256
+from prompt.artifacts import EnginesMeta, Manifest
+from prompt.config import ConfigError
 from prompt.graphs import ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
 from runtime.backend import BackendSpec, PrefillInputs
-from runtime.backends.graphs import GraphBackend, output_dims, split_frames
+from runtime.backends.graphs import GraphBackend, split_frames
+from runtime.backends.tensorrt.cuda import Cuda
+from runtime.backends.tensorrt.cuda_graphs import GraphRunner
+from runtime.backends.tensorrt.engine import Engine, check_manifest, device_sm
 
 INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer` (TensorRT 10.3); on "
            "DRIVE OS 6 TensorRT 8.6 comes with the DRIVE OS SDK; on x86 GPUs: `pip install tensorrt`; "
            "and cuda-python for device memory and streams: `pip install 'cuda-python>=12'` (pycuda is "
            "not needed)")
-# a graph's Q/DQ precision (meta.json, calibration/) -> the engine precision it must be built at;
-# fp32 graphs build at the profile's fp32 / fp16 / bf16
-QUANTIZED = {"int8": "int8", "int8_sq": "int8", "fp8": "fp8"}
 
 
 def import_libraries():
@@ -76,172 +42,14 @@ def import_libraries():
     return trt, cudart
 
 
-class Cuda:
-    """cuda-python's runtime API with its (error, value...) results checked, and every allocation
-    this backend made (freed by close)."""
-
-    def __init__(self, rt):
-        self.rt, self.ok = rt, rt.cudaError_t.cudaSuccess
-        self.kind = rt.cudaMemcpyKind
-        self.device, self.host = [], []
-
-    def __call__(self, name: str, *args):
-        err, *values = getattr(self.rt, name)(*args)
-        if err != self.ok:
-            raise RuntimeError(f"CUDA {name}: {err}")
-        return values[0] if len(values) == 1 else (tuple(values) or None)
-
-    def malloc(self, nbytes: int) -> int:
-        ptr = int(self("cudaMalloc", max(int(nbytes), 1)))
-        self.device.append(ptr)
-        return ptr
-
-    def pinned(self, shape, dtype) -> np.ndarray:
-        """Page-locked host memory (cudaMallocHost) as a numpy array: async copies from it."""
-        nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
-        ptr = int(self("cudaMallocHost", nbytes))
-        self.host.append(ptr)
-        return np.frombuffer((ctypes.c_byte * nbytes).from_address(ptr), dtype).reshape(shape)
-
-    def h2d(self, dst: int, host: np.ndarray, stream) -> None:
-        self("cudaMemcpyAsync", dst, host.ctypes.data, host.nbytes, self.kind.cudaMemcpyHostToDevice, stream)
-
-    def d2h(self, host: np.ndarray, src: int, stream) -> None:
-        self("cudaMemcpyAsync", host.ctypes.data, src, host.nbytes, self.kind.cudaMemcpyDeviceToHost, stream)
-
-    def d2d(self, dst: int, src: int, nbytes: int, stream) -> None:
-        self("cudaMemcpyAsync", dst, src, nbytes, self.kind.cudaMemcpyDeviceToDevice, stream)
-
-    def blocks(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, stream) -> None:
-        """`height` blocks of `width` bytes, pitches in bytes (cudaMemcpy2DAsync, device to device)."""
-        self("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height,
-             self.kind.cudaMemcpyDeviceToDevice, stream)
-
-    def close(self) -> None:
-        for ptr in self.device:
-            self("cudaFree", ptr)
-        for ptr in self.host:
-            self("cudaFreeHost", ptr)
-        self.device, self.host = [], []
-
-
-class Engine:
-    """One engine: an execution context per optimization profile (all on one stream), its I/O
-    tensors and static device buffers sized for the largest shapes any profile allows."""
-
-    def __init__(self, trt, cuda: Cuda, runtime, file: Path, stream, bound: dict | None = None):
-        self.name, self.cuda, self.stream = file.stem, cuda, stream
-        self.engine = e = runtime.deserialize_cuda_engine(file.read_bytes())
-        if e is None:
-            raise ConfigError(f"{file}: TensorRT cannot deserialize it (built by another TensorRT "
-                              "version or for another GPU?); rebuild on this device")
-        names = [e.get_tensor_name(i) for i in range(e.num_io_tensors)]
-        self.inputs = [n for n in names if e.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if n not in self.inputs]
-        self.dynamic = [n for n in self.inputs if -1 in tuple(e.get_tensor_shape(n))]
-        self.dtype = {n: np.dtype(trt.nptype(e.get_tensor_dtype(n))) for n in names}
-        self.ranges = [{n: [tuple(s) for s in e.get_tensor_profile_shape(n, p)] for n in self.dynamic}
-                       for p in range(e.num_optimization_profiles)]
-        self.contexts = []
-        for p in range(e.num_optimization_profiles):
-            ctx = e.create_execution_context()
-            if not ctx.set_optimization_profile_async(p, int(stream)):
-                raise RuntimeError(f"{self.name}: cannot select optimization profile {p}")
-            self.contexts.append(ctx)
-        self.nbytes = self._largest()
-        bound = bound or {}
-        self.buf = {n: bound[n] if n in bound else cuda.malloc(self.nbytes[n]) for n in names}
-
-    def _largest(self) -> dict:
-        """Bytes of every tensor at the largest shapes: each profile's max input shapes set, the
-        output shapes TensorRT derives from them read back."""
-        e, size = self.engine, {}
-        for p, ctx in enumerate(self.contexts):
-            for n in self.dynamic:
-                self._shape(ctx, n, self.ranges[p][n][2])
-            for n in self.inputs + self.outputs:
-                shape = tuple(ctx.get_tensor_shape(n) if n in self.dynamic or n in self.outputs
-                              else e.get_tensor_shape(n))
-                size[n] = max(size.get(n, 0), int(np.prod(shape)) * self.dtype[n].itemsize)
-        return size
-
-    def profile_for(self, shapes: dict) -> int:
-        """The first optimization profile whose [min, max] covers every dynamic input's shape."""
-        for p, ranges in enumerate(self.ranges):
-            if all(all(lo <= d <= hi for lo, d, hi in zip(r[0], shapes[n], r[2])) for n, r in ranges.items()):
-                return p
-        raise ConfigError(f"{self.name}: shapes {shapes} are outside every optimization profile "
-                          f"{self.ranges}; rebuild the engines for these shapes")
-
-    def bind(self, shapes: dict, addresses: dict | None = None) -> int:
-        """Set the dynamic inputs' shapes and every tensor's address on the covering profile's
-        context (host-side calls only) -> the profile index."""
-        p = self.profile_for(shapes)
-        ctx = self.contexts[p]
-        for n in self.dynamic:
-            self._shape(ctx, n, shapes[n])
-        for n, ptr in self.buf.items():
-            ptr = (addresses or {}).get(n, ptr)
-            if not ctx.set_tensor_address(n, int(ptr)):
-                raise RuntimeError(f"{self.name}: set_tensor_address({n!r}) refused")
-        return p
-
-    def run(self, shapes: dict, addresses: dict | None = None) -> None:
-        p = self.bind(shapes, addresses)
-        if not self.contexts[p].execute_async_v3(int(self.stream)):
-            raise RuntimeError(f"{self.name}: execute_async_v3 failed at shapes {shapes}")
-
-    def _shape(self, ctx, name: str, shape) -> None:
-        if not ctx.set_input_shape(name, tuple(int(d) for d in shape)):
-            raise RuntimeError(f"{self.name}: set_input_shape({name!r}, {tuple(shape)}) refused")
-
-
-class GraphRunner:
-    """CUDA graphs of one engine's first profile, one per width, all captured at warm-up
-    (`capture`, before any cycle); a cycle only replays them (their shapes set back first,
-    host-side), so no capture ever counts against a budget. TensorRT does deferred work in the
-    first enqueue after a shape change, so each width is captured right after an eager run at
-    that width. Widths outside the first profile run eagerly. `eager` turns graphs off."""
-
-    def __init__(self, cuda: Cuda, engine: Engine, eager: bool):
-        self.cuda, self.engine, self.eager = cuda, engine, eager
-        self.execs = {}
-
-    def run(self, width: int, shapes: dict) -> None:
-        e = self.engine
-        if width not in self.execs:
-            return e.run(shapes)
-        e.bind(shapes)                              # the context's shapes back to the captured ones
-        self.cuda("cudaGraphLaunch", self.execs[width], e.stream)
-
-    def capture(self, width: int, shapes: dict) -> None:
-        """Warm-up only: an eager run at `width`, then its graph captured and replayed once."""
-        e, cuda = self.engine, self.cuda
-        e.run(shapes)
-        if self.eager or e.profile_for(shapes) != 0 or width in self.execs:
-            return
-        e.bind(shapes)
-        mode = cuda.rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        cuda("cudaStreamBeginCapture", e.stream, mode)
-        ok = e.contexts[0].execute_async_v3(int(e.stream))
-        graph = cuda("cudaStreamEndCapture", e.stream)
-        if not ok:
-            raise RuntimeError(f"{e.name}: execute_async_v3 failed while capturing width {width}")
-        self.execs[width] = cuda("cudaGraphInstantiate", graph, 0)
-        cuda("cudaGraphDestroy", graph)
-        cuda("cudaGraphLaunch", self.execs[width], e.stream)
-
-    def close(self) -> None:
-        for g in self.execs.values():
-            self.cuda("cudaGraphExecDestroy", g)
-        self.execs = {}
+KV_TENSORS = ("cache", "kv", "new_kv", "context")     # the engines' inputs and outputs of KV rows
 
 
 class TensorRTBackend(GraphBackend):
     name = "tensorrt"
     reuses_vision = True
 
-    def __init__(self, folder: Path, meta: dict, manifest: dict, max_len: int | None = None,
+    def __init__(self, folder: Path, meta: EnginesMeta, manifest: Manifest, max_len: int | None = None,
                  k_max: int | None = None, eager: bool = False, libraries=None, tokenizer=None):
         trt, rt = libraries or import_libraries()
         self.folder = Path(folder)
@@ -253,19 +61,19 @@ class TensorRTBackend(GraphBackend):
                               "inside the draft graphs: re-export with --draft-map graph")
         self.cuda = cuda = Cuda(rt)
         check_manifest(self.folder, meta, manifest, trt.__version__, device_sm(cuda), k_max)
-        self.k_max = manifest["shapes"]["k_max"]
+        self.k_max = manifest.shapes.k_max
         self.stream = cuda("cudaStreamCreateWithFlags", rt.cudaStreamNonBlocking)
         self.action_stream = cuda("cudaStreamCreateWithFlags", rt.cudaStreamNonBlocking)
         self.kv_ready = cuda("cudaEventCreateWithFlags", rt.cudaEventDisableTiming)
         self.action_lock = threading.Lock()
-        self._allocate(meta, manifest["shapes"]["max_prompt"])
-        self.has_images = False
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self.engines = {}
-        for g, entry in manifest["engines"].items():
-            bound = {"cache": self.draft_cache if g.startswith("draft") else self.cache}
-            stream = self.action_stream if g in ACTION_GRAPHS else self.stream
-            self.engines[g] = Engine(trt, cuda, runtime, self.folder / entry["file"], stream, bound)
+        self.engines = {g: Engine(trt, cuda, runtime, self.folder / entry.file,
+                                  self.action_stream if g in ACTION_GRAPHS else self.stream)
+                        for g, entry in manifest.engines.items()}
+        self._allocate(meta, manifest.shapes.max_prompt)
+        for g, e in self.engines.items():
+            e.allocate({"cache": self.draft_cache if g.startswith("draft") else self.cache})
+        self.has_images = False
         self.verify_graphs = GraphRunner(cuda, self.engines[STEP], eager)
         self._upload_tables()
         self.set_mask(None)
@@ -279,16 +87,17 @@ class TensorRTBackend(GraphBackend):
         self.cuda("cudaStreamSynchronize", self.stream)
 
     # --- device memory, allocated once ------------------------------------------------------
-    def _allocate(self, meta: dict, rows_max: int) -> None:
-        t, d, cuda, L = meta["target"], meta["draft_llm"], self.cuda, self.max_len
-        self.kv = {"cache": (t["layers"] * 2 * t["kv_heads"], t["head_dim"]),     # (blocks, head_dim)
-                   "draft_cache": (d["layers"] * 2 * d["kv_heads"], d["head_dim"])}
-        self.cache = cuda.malloc(np.prod(self.kv["cache"]) * L * 4)               # (layers, 2, 1, KVH, L, hd)
-        self.draft_cache = cuda.malloc(np.prod(self.kv["draft_cache"]) * L * 4)
+    def _allocate(self, meta: EnginesMeta, rows_max: int) -> None:
+        t, d, cuda, L = meta.target, meta.draft_llm, self.cuda, self.max_len
+        # (blocks, head_dim, bytes per element): the element as the engines bind the cache
+        self.kv = {"cache": (t.layers * 2 * t.kv_heads, t.head_dim, self._kv_itemsize("target")),
+                   "draft_cache": (d.layers * 2 * d.kv_heads, d.head_dim, self._kv_itemsize("draft"))}
+        self.cache = cuda.malloc(np.prod(self.kv["cache"]) * L)                   # (layers, 2, 1, KVH, L, hd)
+        self.draft_cache = cuda.malloc(np.prod(self.kv["draft_cache"]) * L)
         self.feats = cuda.malloc((L + 1) * self.feat_dim * 4)                    # (L + 1, F), index 0 zeros
         cuda("cudaMemsetAsync", self.feats, 0, self.feat_dim * 4, self.stream)
-        self.rope = {k: cuda.malloc(L * meta[m]["head_dim"] * 4)                  # (L, hd) per table
-                     for k, m in (("cos", "target"), ("sin", "target"), ("dcos", "draft_llm"), ("dsin", "draft_llm"))}
+        self.rope = {k: cuda.malloc(L * m.head_dim * 4)                           # (L, hd) per table
+                     for k, m in (("cos", t), ("sin", t), ("dcos", d), ("dsin", d))}
         self.arange = cuda.malloc(L * 8)
         self.proposals = cuda.malloc((L + self.k_max + 1) * 8)
         self.rows_max = rows_max                                                # mask rows a call may read
@@ -297,19 +106,30 @@ class TensorRTBackend(GraphBackend):
         self.ids_host = cuda.pinned((L,), np.int64)
         self.top_host = cuda.pinned((L + self.k_max + 1,), np.int64)
         self.logits_host = cuda.pinned((2 * (self.k_max + 1), self.vocab_size), np.float32)
-        a = meta["action"]
-        S, W, A = a["samples"], a["n_waypoints"], a["action_dim"]
+        a = meta.action
+        S, W, A = a.samples, a.n_waypoints, a.action_dim
         self.x_host, self.v_host = cuda.pinned((S, W, A), np.float32), cuda.pinned((S, W, A), np.float32)
         self.t_host, self.v0_host = cuda.pinned((S,), np.float32), cuda.pinned((1,), np.float32)
         self.wp_host = cuda.pinned((1, W, 3), np.float32)
-        self.rope_host = cuda.pinned((2, S * W, t["head_dim"]), np.float32)
+        self.rope_host = cuda.pinned((2, S * W, t.head_dim), np.float32)
+
+    def _kv_itemsize(self, model: str) -> int:
+        """Bytes of one KV element of the target's or the draft's cache: the dtype TensorRT reports
+        for every KV tensor of the engines that read or write that cache (one dtype, else refused)."""
+        dtypes = {f"{g}.{n}": e.dtype[n] for g, e in self.engines.items()
+                  if g.startswith("draft") == (model == "draft") for n in KV_TENSORS if n in e.dtype}
+        if len(set(dtypes.values())) != 1:
+            found = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+            raise ConfigError(f"{self.folder}: the {model} KV cache is bound as {found}; its engines must "
+                              "agree on one dtype (rebuild them)")
+        return next(iter(dtypes.values())).itemsize
 
     def _upload_tables(self) -> None:
         """Once: 0..max_len-1 (the `start` inputs) and the draft's FlatRoPE tables of every row."""
         host = self.cuda.pinned((self.max_len,), np.int64)
         host[:] = np.arange(self.max_len)
         self.cuda.h2d(self.arange, host, self.stream)
-        if self.meta["draft_rope"] != "mrope":
+        if self.meta.draft_rope != "mrope":
             self._upload_rope("d", self.draft_rope(0, self.max_len))
         self.cuda("cudaStreamSynchronize", self.stream)
 
@@ -359,7 +179,7 @@ class TensorRTBackend(GraphBackend):
         e.run({})
         out = []
         for name in ("image_embeds", "deepstack"):
-            buf = self._staging(f"{graph}_{name}", output_dims(self.meta["graphs"][graph], name), e.dtype[name])
+            buf = self._staging(f"{graph}_{name}", self.meta.graphs[graph].dims(name, "outputs"), e.dtype[name])
             self.cuda.d2h(buf, e.buf[name], s)
             out.append(buf)
         self.cuda("cudaStreamSynchronize", s)
@@ -378,14 +198,14 @@ class TensorRTBackend(GraphBackend):
         cos, sin = self.target_rope(np.asarray(inputs.positions)[:, None])
         self._h2d_pair(e, cos, sin)
         self._mask_rows(e.buf["allowed"], 1, T)
-        hd, F, V = self.meta["target"]["head_dim"], self.feat_dim, self.vocab_size
+        hd, F, V = self.meta.target.head_dim, self.feat_dim, self.vocab_size
         images = {"image_embeds": v.buf["image_embeds"], "deepstack": v.buf["deepstack"]}
         out = {"feats": self.feats + F * 4} if self.fused else {}      # rows 0..T-1 at index 1..T
         e.run({"ids": (1, T), "cos": (1, T, hd), "sin": (1, T, hd), "allowed": (T, V)}, {**images, **out})
         self._write_rows("cache", e.buf["kv"], 0, T)
         self._upload_rope("", self.target_rope(np.arange(self.max_len)[None] + self.delta))
-        dhd = self.meta["draft_llm"]["head_dim"]
-        if self.meta["draft_rope"] == "mrope":
+        dhd = self.meta.draft_llm.head_dim
+        if self.meta.draft_rope == "mrope":
             self._upload_rope("d", self.target_rope(np.arange(self.max_len)[None] + self.delta))
             self._h2d_pair(dp, *self.draft_rope(0, T, np.asarray(inputs.positions)[:, None]))
             drope = {}
@@ -431,7 +251,7 @@ class TensorRTBackend(GraphBackend):
             else:
                 addr["ids"] = slot + 8 * (j - 1)
                 if self.fused:
-                    addr["feats"] = hidden[(j - 1) % 2] + (n_prev - 1) * self.meta["draft_llm"]["hidden"] * 4
+                    addr["feats"] = hidden[(j - 1) % 2] + (n_prev - 1) * self.meta.draft_llm.hidden * 4
             self._feed(e, start, n, addr)
             if sampling is not None:      # the host samples: one logits row back per proposal
                 self.ids_host[0], q = self.draw(self._read(e, n - 1, 1, "logits")[0], sampling, j)
@@ -452,9 +272,9 @@ class TensorRTBackend(GraphBackend):
     def write(self, tokens, start: int) -> None:
         self._step(np.asarray(tokens, np.int64), start)
 
-    def expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine: str) -> np.ndarray:
+    def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         with self.action_lock:
-            return self._expert(rows, v0, seed, samples, steps, combine)
+            return self._expert(rows, v0, seed, request)
 
     def close(self) -> None:
         if getattr(self, "cuda", None) is None:
@@ -474,7 +294,7 @@ class TensorRTBackend(GraphBackend):
         CUDA graph per verify width; `capture`: warm-up), the new K/V rows into the cache,
         features into `feats`."""
         n, e, cuda, s = len(tokens), self.engines[STEP], self.cuda, self.stream
-        hd = self.meta["target"]["head_dim"]
+        hd = self.meta.target.head_dim
         self.ids_host[:n] = tokens
         cuda.h2d(e.buf["ids"], self.ids_host[:n], s)
         self._inputs(e, self.rope["cos"], self.rope["sin"], hd, start, n)
@@ -487,10 +307,10 @@ class TensorRTBackend(GraphBackend):
 
     def _feed(self, e: Engine, start: int, n: int, addresses: dict) -> None:
         """One draft call of n tokens at `start` (eager: its addresses move along the chain)."""
-        d = self.meta["draft_llm"]
-        self._inputs(e, self.rope["dcos"], self.rope["dsin"], d["head_dim"], start, n)
-        feats = {"feats": (1, n, self.feat_dim if e.name == DRAFT_FEED else d["hidden"])} if self.fused else {}
-        e.run({"ids": (1, n), "cos": (1, n, d["head_dim"]), "sin": (1, n, d["head_dim"]),
+        d = self.meta.draft_llm
+        self._inputs(e, self.rope["dcos"], self.rope["dsin"], d.head_dim, start, n)
+        feats = {"feats": (1, n, self.feat_dim if e.name == DRAFT_FEED else d.hidden)} if self.fused else {}
+        e.run({"ids": (1, n), "cos": (1, n, d.head_dim), "sin": (1, n, d.head_dim),
                "allowed": (n, self.vocab_size), **feats}, addresses)
         self._write_rows("draft_cache", e.buf["new_kv"], start, n)
 
@@ -510,10 +330,10 @@ class TensorRTBackend(GraphBackend):
 
     def _write_rows(self, cache: str, src: int, start: int, n: int) -> None:
         """(layers, 2, 1, KVH, n, hd) new rows -> cache rows start..start+n-1: layers*2*KVH blocks
-        of n*hd floats, each at start*hd of a block of max_len*hd (one cudaMemcpy2DAsync)."""
-        blocks, hd = self.kv[cache]
-        self.cuda.blocks(getattr(self, cache) + start * hd * 4, self.max_len * hd * 4, src, n * hd * 4,
-                         n * hd * 4, blocks, self.stream)
+        of n*hd elements, each at start*hd of a block of max_len*hd (one cudaMemcpy2DAsync)."""
+        blocks, hd, size = self.kv[cache]
+        self.cuda.blocks(getattr(self, cache) + start * hd * size, self.max_len * hd * size, src, n * hd * size,
+                         n * hd * size, blocks, self.stream)
 
     def _read(self, e: Engine, row: int, n: int, readout: str) -> np.ndarray:
         """Rows row..row+n-1 of e's arg-max (n int64) or masked logits (n, V) back to the host."""
@@ -546,22 +366,23 @@ class TensorRTBackend(GraphBackend):
             stage[key, tuple(shape)] = self.cuda.pinned(shape, dtype)
         return stage[key, tuple(shape)]
 
-    def _expert(self, rows: int, v0: float, seed: int, samples: int, steps, combine) -> np.ndarray:
+    def _expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         """The action expert on its own stream, after the last cache write (an event)."""
         cuda, s = self.cuda, self.action_stream
         vel, out = self.engines[ACTION_VELOCITY], self.engines[ACTION_OUTPUT]
-        x, cos, sin = self.expert_inputs(rows, seed, samples, combine)
-        times = self.euler_times(steps, samples)
-        blocks, hd = self.kv["cache"]
+        x, cos, sin = self.expert_inputs(rows, seed, request)
+        times, samples = self.euler_times(request), request.samples
+        blocks, hd, size = self.kv["cache"]
         cuda("cudaStreamWaitEvent", s, self.kv_ready, 0)
-        cuda.blocks(vel.buf["context"], rows * hd * 4, self.cache, self.max_len * hd * 4, rows * hd * 4, blocks, s)
+        cuda.blocks(vel.buf["context"], rows * hd * size, self.cache, self.max_len * hd * size, rows * hd * size,
+                    blocks, s)
         self.rope_host[0], self.rope_host[1] = cos.reshape(-1, hd), sin.reshape(-1, hd)
         cuda.h2d(vel.buf["cos"], self.rope_host[0], s)
         cuda.h2d(vel.buf["sin"], self.rope_host[1], s)
         self.x_host[:] = x
-        t = self.meta["target"]
+        t = self.meta.target
         shapes = {"x": x.shape, "t": (samples,), "cos": cos.shape, "sin": sin.shape,
-                  "context": (t["layers"], 2, 1, t["kv_heads"], rows, hd)}
+                  "context": (t.layers, 2, 1, t.kv_heads, rows, hd)}
         for ti in times:                                  # x <- x + dt v(x, t), t = i / steps
             self.t_host[:] = ti
             cuda.h2d(vel.buf["x"], self.x_host, s)
@@ -578,57 +399,6 @@ class TensorRTBackend(GraphBackend):
         cuda("cudaStreamSynchronize", s)
         return self.wp_host[0].copy()
 
-
-def device_sm(cuda: Cuda) -> int:
-    props = cuda("cudaGetDeviceProperties", 0)
-    return int(props.major) * 10 + int(props.minor)
-
-
-def version(text: str) -> tuple:
-    return tuple(int(p) for p in str(text).split(".")[:3] if p.isdigit())
-
-
-def check_manifest(folder: Path, meta: dict, manifest: dict, trt_version: str, sm: int,
-                   k_max: int | None = None) -> None:
-    """Refuse engines that are not what this runtime needs, naming the difference."""
-    s, where = manifest["shapes"], f"{folder}/manifest.json"
-    wrong = []
-    if s["max_len"] != meta["max_len"]:
-        wrong.append(f"shapes.max_len={s['max_len']} but the graphs have max_len={meta['max_len']}")
-    if k_max is not None and s["k_max"] != k_max:
-        wrong.append(f"shapes.k_max={s['k_max']} but the planner asks for k_max={k_max}")
-    if list(s["verify_widths"]) != [1, s["k_max"] + 1]:
-        wrong.append(f"shapes.verify_widths={s['verify_widths']}, expected [1, {s['k_max'] + 1}]")
-    p = meta["prompt"]
-    for key in ("cameras", "frames", "image_hw"):
-        if list(np.atleast_1d(s[key])) != list(np.atleast_1d(p[key])):
-            wrong.append(f"shapes.{key}={s[key]} but the graphs were exported for {p[key]}")
-    if manifest["target_sm"] != sm:
-        wrong.append(f"built for sm_{manifest['target_sm']}, this GPU is sm_{sm}")
-    lo, below = manifest["tensorrt_range"]
-    if not version(lo) <= version(trt_version) < version(below):
-        wrong.append(f"TensorRT {trt_version} here is outside the profile's range [{lo}, {below})")
-    other = sorted(g for g, e in manifest.get("engines", {}).items() if e.get("tensorrt") not in (trt_version, "trtexec"))
-    if other:
-        built = sorted({manifest["engines"][g].get("tensorrt") for g in other})
-        wrong.append(f"TensorRT {trt_version} here, but {other} were built with TensorRT {built}")
-    for g, entry in manifest.get("engines", {}).items():
-        if file_sha256(folder / entry["file"]) != entry["sha256"]:
-            wrong.append(f"{entry['file']}: sha256 does not match the manifest (changed or damaged)")
-    for g, entry in meta["graphs"].items():
-        if g not in manifest.get("engines", {}):
-            wrong.append(f"no engine for graph {g!r}")
-        if manifest["graphs"].get(g, {}).get("sha256") != entry["sha256"]:
-            wrong.append(f"graph {g!r}: the engine was built from another ONNX file than meta.json lists")
-        got, want = entry.get("precision", "fp32"), manifest["precision"].get(g)
-        if got == "int4_awq" and not manifest.get("int4_awq") or \
-                got != "int4_awq" and QUANTIZED.get(got) != (want if want in ("int8", "fp8") else None):
-            wrong.append(f"graph {g!r}: meta.json says {got}, the manifest {want}")
-    if manifest.get("onnx_meta_sha256") not in (None, file_sha256(folder / "meta.json")):
-        wrong.append("meta.json is not the one the engines were built from")
-    if wrong:
-        raise ConfigError(f"{where}: these engines do not match this runtime: " + "; ".join(wrong)
-                          + f". Rebuild on this device: make engines PROFILE={manifest['profile']}")
 
 
 def create(spec: BackendSpec) -> TensorRTBackend:

@@ -1,0 +1,612 @@
+"""The identity cards of every artifact, typed once: a folder's meta.json (checkpoints of kind
+target / draft / expert / planner, an exported "engines" folder, a TensorRT-LLM checkpoint) and an
+engines folder's manifest.json, each parsed into frozen dataclasses where it is read. A missing or
+malformed field is a ConfigError naming the file and the field; nothing downstream reads a key.
+
+Writers still write JSON dicts (the file format); `to_dict()` gives a parsed card's JSON back. The
+facts hash (`facts_sha256`) covers an exported meta.json so a loader names the one field edited by
+hand. Standard library and numpy only: models/, export/, engines/, calibration/ and runtime/ all
+read artifacts here.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from prompt.config import ConfigError, read_json
+from prompt.graphs import DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, OPTIONAL, VISION, \
+    VISION_FRAME, graph_io, required_graphs
+from prompt.pixels import images_to_patches
+
+META = "meta.json"
+MANIFEST = "manifest.json"
+CHECKPOINT_FORMAT = "specdrive-checkpoint"
+CHECKPOINT_VERSION = 1
+MODEL_KINDS = ("target", "draft", "expert", "planner")
+ONNX_FORMAT = "specdrive-onnx"          # an exported folder (meta.json kind "engines")
+ONNX_VERSION = 1                        # export/onnx.py writes it, the graph backends read it
+OPSET = 18
+MANIFEST_FORMAT = "specdrive-engines-manifest"
+TRTLLM_FORMAT = "specdrive-trtllm-checkpoint"
+_MISSING = object()
+
+
+class Table:
+    """Typed reads of one JSON table: each failure a ConfigError naming the file and the field."""
+
+    def __init__(self, data, where: str, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: {prefix.rstrip('.') or 'the file'} is {data!r}, not a table")
+        self.data, self.where, self.prefix = data, where, prefix
+
+    def __call__(self, key: str, kind=object, default=_MISSING):
+        name = self.prefix + key
+        if key not in self.data:
+            if default is _MISSING:
+                raise ConfigError(f"{self.where}: field {name!r} is missing")
+            return default
+        value = self.data[key]
+        if default is not _MISSING and value is None:
+            return default
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else \
+            isinstance(value, int) and not isinstance(value, bool) if kind is int else isinstance(value, kind)
+        if not ok:
+            raise ConfigError(f"{self.where}: field {name!r} = {value!r} is not {getattr(kind, '__name__', kind)}")
+        return value
+
+    @classmethod
+    def of_format(cls, data, where: str, fmt: str) -> Table:
+        """`data` once its "format" is `fmt`; else a ConfigError saying which format it has."""
+        got = data.get("format") if isinstance(data, dict) else None
+        if got != fmt:
+            raise ConfigError(f"{where}: format {got!r}, expected {fmt!r}")
+        return cls(data, where)
+
+    def table(self, key: str, default=_MISSING) -> Table:
+        return Table(self(key, dict, default), self.where, f"{self.prefix}{key}.")
+
+
+class Card:
+    """A parsed JSON table; `raw` is the JSON it was parsed from."""
+    raw: dict
+
+    def to_dict(self) -> dict:
+        """The JSON this was parsed from (a copy): what a writer edits and writes back."""
+        return copy.deepcopy(self.raw)
+
+
+# --- exported graphs: meta.json kind "engines" ------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple                    # ints and named dynamic axes ("T")
+    dtype: str | None
+
+
+@dataclass(frozen=True)
+class Graph(Card):
+    """One graph of an export: its file (relative to the folder), hash, inputs and outputs."""
+    file: str
+    sha256: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    precision: str = "fp32"
+    quantization: dict | None = None        # calibration's record of a quantized graph
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def dims(self, name: str, side: str = "inputs") -> list | None:
+        """The declared shape of an input (or output) by name; None when there is none."""
+        return next((list(t.shape) for t in getattr(self, side) if t.name == name), None)
+
+
+@dataclass(frozen=True)
+class LlmDims:
+    """A decoder's dimensions as exported (target: with its vocabulary and image token)."""
+    head_dim: int
+    rope_theta: float
+    mrope_section: tuple
+    interleaved: bool
+    layers: int
+    kv_heads: int
+    hidden: int
+    vocab_size: int | None = None
+    image_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class PromptShapes:
+    cameras: int
+    frames: int
+    image_hw: tuple
+    grid_thw: list                  # (images, 3) patch grid of one cycle's images
+    image_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class VisionDims:
+    patch: int
+    temporal_patch: int
+    merge: int
+
+
+@dataclass(frozen=True)
+class ActionShapes:
+    euler_steps: int
+    samples: int                    # draws action_output combines (fixed in the graph)
+    combine: str
+    n_waypoints: int
+    action_dim: int
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """A reduced draft head's map (draft id -> target id), applied in the graphs or on the host."""
+    n: int
+    map: str
+    d2t: tuple
+    d2t_sha256: str | None
+
+    @classmethod
+    def from_dict(cls, dv: dict, where: str) -> DraftVocab | None:
+        """meta.json's draft_vocab ({} for a full head: None)."""
+        if not dv:
+            return None
+        if dv.get("map") not in ("graph", "host") or not isinstance(dv.get("d2t"), list) or \
+                len(dv["d2t"]) != dv.get("n"):
+            raise ConfigError(f"{where}: draft_vocab needs n, map ('graph' or 'host') and a d2t list "
+                              f"of n ids; found map {dv.get('map')!r}, n {dv.get('n')!r}")
+        return cls(dv["n"], dv["map"], tuple(dv["d2t"]), dv.get("d2t_sha256"))
+
+
+@dataclass(frozen=True)
+class EnginesMeta(Card):
+    """An exported folder's meta.json (kind "engines"): its graphs and the facts they follow from."""
+    folder: Path
+    backend: str
+    max_len: int
+    k_max: int
+    draft: str
+    draft_features: str
+    draft_rope: str
+    tokenizer_sha256: str | None
+    precision: dict                 # {graph or "*": precision}
+    prompt: PromptShapes
+    vision: VisionDims
+    target: LlmDims
+    draft_llm: LlmDims
+    action: ActionShapes
+    graphs: dict                    # {name: Graph}
+    fp32_graphs: dict | None        # {name: Graph}: the reference graphs, where calibration switched
+    draft_vocab: DraftVocab | None
+    calibration_sha256: str | list | None = None    # the calibration set(s) of its quantized graphs
+    kind: str = "engines"
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, meta: dict, folder) -> EnginesMeta:
+        """Checked whole: format, version, opset, the graph list the draft needs, every graph file
+        inside the folder, the declared names and shapes against prompt/graphs.py and the facts
+        they follow from (image size -> patches, draft features -> feature widths)."""
+        where = f"{folder}/{META}"
+        f = Table(meta, where)
+        if meta.get("format") != ONNX_FORMAT:
+            raise ConfigError(f"{where}: format {meta.get('format')!r}; expected {ONNX_FORMAT!r} graphs")
+        for key, want in (("format_version", ONNX_VERSION), ("opset", OPSET)):
+            got = meta.get(key)
+            if type(got) is not int or got != want:
+                raise ConfigError(f"{where}: {key} {got!r}; this runtime reads {key} {want} (re-export the folder)")
+        if not isinstance(meta.get("graphs"), dict):
+            raise ConfigError(f"{where}: no 'graphs' table (each graph's file, sha256, inputs and outputs); "
+                              "re-export the folder")
+        features = meta.get("draft_features")
+        if features not in DRAFT_FEATURES:
+            raise ConfigError(f"{where}: draft_features {features!r}; allowed {list(DRAFT_FEATURES)}")
+        graphs = _graphs(meta["graphs"], Path(folder), where, features, check_set=True)
+        precision = meta.get("precision")
+        if not isinstance(precision, dict):
+            raise ConfigError(f"{where}: precision {precision!r}; expected a table {{graph or '*': precision}}")
+        fp32 = meta.get("fp32_graphs")
+        card = cls(folder=Path(folder), backend=f("backend", str), max_len=f("max_len", int), k_max=f("k_max", int),
+                   draft=f("draft", str), draft_features=features, draft_rope=f("draft_rope", str),
+                   tokenizer_sha256=f("tokenizer_sha256", str, None), precision=precision,
+                   prompt=_prompt(f.table("prompt")), vision=_vision(f.table("vision")),
+                   target=_llm(f.table("target"), target=True), draft_llm=_llm(f.table("draft_llm")),
+                   action=_action(f.table("action")),
+                   graphs=graphs, fp32_graphs=_graphs(fp32, Path(folder), where, features) if fp32 else None,
+                   draft_vocab=DraftVocab.from_dict(f("draft_vocab", dict, {}), where),
+                   calibration_sha256=f("calibration_sha256", (str, list), None), raw=meta)
+        _check_declared_shapes(where, card)
+        return card
+
+    def reference(self) -> EnginesMeta:
+        """This export with its fp32 graphs (calibration keeps them in fp32_graphs once it switched
+        the folder to the quantized ones)."""
+        if not self.fp32_graphs:
+            return self
+        return EnginesMeta.from_dict({**self.raw, "graphs": self.raw["fp32_graphs"]}, self.folder)
+
+
+def _graphs(table, folder: Path, where: str, features: str, check_set: bool = False) -> dict:
+    if check_set:
+        want = set(required_graphs(features))
+        if set(table) - set(OPTIONAL) != want:
+            raise ConfigError(f"{where}: graphs {sorted(table)}; a draft_features={features!r} export has exactly "
+                              f"{sorted(want)} (missing {sorted(want - set(table))}, unknown "
+                              f"{sorted(set(table) - want - set(OPTIONAL))}; optional {list(OPTIONAL)})")
+    root, out = folder.resolve(), {}
+    for name, g in table.items():
+        if not isinstance(g, dict) or not all(k in g for k in ("file", "sha256", "inputs", "outputs")):
+            raise ConfigError(f"{where}: graph {name!r} needs 'file', 'sha256', 'inputs' and 'outputs'")
+        file = g["file"]
+        if not isinstance(file, str) or Path(file).is_absolute() or \
+                not (root / file).resolve().is_relative_to(root):
+            raise ConfigError(f"{where}: graph {name!r} file {file!r} is outside the folder; a graph file "
+                              "is a path relative to the folder, inside it")
+        _check_io_names(where, name, g, features)
+        f = Table(g, where, f"graphs.{name}.")
+        out[name] = Graph(file, f("sha256", str), *(_tensors(g[side], where, f"graphs.{name}.{side}")
+                                                    for side in ("inputs", "outputs")),
+                          precision=f("precision", str, "fp32"), quantization=f("quantization", dict, None), raw=g)
+    return out
+
+
+def _tensors(specs: list, where: str, prefix: str) -> tuple:
+    out = []
+    for i, t in enumerate(specs):
+        f = Table(t, where, f"{prefix}[{i}].")
+        out.append(TensorSpec(f("name", str), tuple(f("shape", list)), f("dtype", str, None)))
+    return tuple(out)
+
+
+def _check_io_names(where: str, name: str, graph: dict, features: str) -> None:
+    """A graph's declared input and output names are the ones prompt/graphs.py declares."""
+    want = graph_io(name, features)
+    for side, names in (("inputs", want.inputs), ("outputs", want.outputs)):
+        got = tuple(t.get("name") if isinstance(t, dict) else None for t in graph[side] or ())
+        if got != names:
+            raise ConfigError(f"{where}: graph {name!r} {side} {list(got)}; this runtime binds {list(names)} "
+                              "(the folder was exported by another version: re-export it)")
+
+
+def _prompt(f: Table) -> PromptShapes:
+    return PromptShapes(f("cameras", int), f("frames", int), tuple(f("image_hw", list)), f("grid_thw", list),
+                        f("image_tokens", int, None))
+
+
+def _vision(f: Table) -> VisionDims:
+    return VisionDims(f("patch", int), f("temporal_patch", int), f("merge", int))
+
+
+def _llm(f: Table, target: bool = False) -> LlmDims:
+    return LlmDims(f("head_dim", int), f("rope_theta", float), tuple(f("mrope_section", list)),
+                   f("interleaved", bool), f("layers", int), f("kv_heads", int), f("hidden", int),
+                   f("vocab_size", int) if target else None, f("image_token_id", int) if target else None)
+
+
+def _action(f: Table) -> ActionShapes:
+    return ActionShapes(f("euler_steps", int), f("samples", int), f("combine", str), f("n_waypoints", int),
+                        f("action_dim", int))
+
+
+def _check_declared_shapes(where: str, meta: EnginesMeta) -> None:
+    p, v, t, d, graphs = meta.prompt, meta.vision, meta.target, meta.draft_llm, meta.graphs
+    images = np.zeros((p.cameras * p.frames, *p.image_hw, 3), np.uint8)
+    try:
+        patches, grid = images_to_patches(images, v.patch, v.temporal_patch, v.merge)
+    except ValueError as e:
+        raise ConfigError(f"{where}: prompt.image_hw {list(p.image_hw)}: {e}") from None
+    if np.asarray(grid).tolist() != p.grid_thw:
+        raise ConfigError(f"{where}: prompt.image_hw {list(p.image_hw)} x {p.cameras} cameras x {p.frames} "
+                          f"frames gives the patch grid {np.asarray(grid).tolist()[:1]}..., but grid_thw is "
+                          f"{p.grid_thw[:1]}...: the graphs were exported for another image size")
+    wants = [(VISION, "patches", list(patches.shape))]
+    if VISION_FRAME in graphs:
+        wants.append((VISION_FRAME, "patches", [patches.shape[0] // len(images), patches.shape[1]]))
+    fused = meta.draft_features == "fused"
+    for graph in (DRAFT_FEED, DRAFT_PREFILL):
+        if (graphs[graph].dims(FEATS) is not None) != fused:
+            raise ConfigError(f"{where}: draft_features {meta.draft_features!r} but graph {graph!r} "
+                              f"{'has no' if fused else 'has a'} 'feats' input: the graphs are of another draft")
+    if fused:
+        wants += [(DRAFT_FEED, FEATS, [1, "T", 3 * t.hidden]),
+                  (DRAFT_CHAIN, FEATS, [1, "T", d.hidden])]
+    for graph, inp, shape in wants:
+        got = graphs[graph].dims(inp)
+        if got != shape:
+            raise ConfigError(f"{where}: graph {graph!r} input {inp!r} is declared {got}, but the meta.json facts "
+                              f"give {shape}: declarations that do not fit the graphs")
+
+
+# --- checkpoints: meta.json kind target / draft / expert / planner ---------------------------------
+@dataclass(frozen=True)
+class ModuleFile:
+    """One module's safetensors file: its hash, size and every tensor's shape and dtype."""
+    file: str
+    sha256: str
+    bytes: int | None
+    tensors: dict                   # {name: TensorSpec}
+
+
+@dataclass(frozen=True)
+class CheckpointMeta(Card):
+    """A specdrive checkpoint's meta.json (models/io.py writes it)."""
+    folder: Path
+    kind: str
+    config_class: str
+    config: dict
+    modules: dict                   # {module: ModuleFile}
+    dtype: str | None
+    variant: str | None             # a draft's name (flat, mrope, ...)
+    draft_vocab: int                # a reduced draft head's rows (0: full)
+    d2t_sha256: str | None
+    tokenizer_sha256: str | None
+    extra: dict                     # what the writer added (source, stage, versions, created_by, ...)
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, meta: dict, folder) -> CheckpointMeta:
+        """Refused unless a checkpoint this code reads: format, version, kind, config, modules."""
+        file = f"{folder}/{META}"
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigError(f"{file}: format is not {CHECKPOINT_FORMAT!r}")
+        if meta.get("format_version") != CHECKPOINT_VERSION:
+            raise ConfigError(f"{file}: format_version {meta.get('format_version')!r}; this code reads "
+                              f"{CHECKPOINT_VERSION}")
+        if meta.get("kind") not in MODEL_KINDS:
+            raise ConfigError(f"{file}: unknown kind {meta.get('kind')!r}; allowed kinds are {list(MODEL_KINDS)}")
+        for key in ("config", "config_class", "modules"):
+            if key not in meta:
+                raise ConfigError(f"{file}: missing key {key!r}")
+        f = Table(meta, file)
+        modules = {}
+        for name, entry in f("modules", dict).items():
+            m = Table(entry, file, f"modules.{name}.")
+            tensors = {k: TensorSpec(k, tuple(t.get("shape", ())), t.get("dtype"))
+                       for k, t in m("tensors", dict).items()}
+            modules[name] = ModuleFile(m("file", str), m("sha256", str), m("bytes", int, None), tensors)
+        known = {"format", "format_version", "kind", "config", "config_class", "modules", "dtype", "variant",
+                 "draft_vocab", "d2t_sha256", "tokenizer_sha256"}
+        return cls(Path(folder), meta["kind"], f("config_class", str), f("config", dict), modules,
+                   f("dtype", str, None), f("variant", str, None), f("draft_vocab", int, 0),
+                   f("d2t_sha256", str, None), f("tokenizer_sha256", str, None),
+                   {k: v for k, v in meta.items() if k not in known}, raw=meta)
+
+
+def _read(folder) -> dict:
+    """FOLDER/meta.json as a dict with a "kind"; ConfigError naming the file otherwise."""
+    file = Path(folder) / META
+    if not file.is_file():
+        raise ConfigError(f"{folder}: no {META}; not a specdrive artifact")
+    meta = read_json(file, "artifact metadata")
+    if not isinstance(meta, dict) or "kind" not in meta:
+        raise ConfigError(f"{file}: no 'kind'; cannot tell what this artifact is")
+    return meta
+
+
+def read_meta(folder) -> CheckpointMeta | EnginesMeta:
+    """FOLDER/meta.json by its kind: a checkpoint, or an exported folder (its facts hash checked
+    before anything else: every field as exported)."""
+    meta = _read(folder)
+    if meta["kind"] == "engines":
+        check_facts(meta, f"{folder}/{META}")
+        return EnginesMeta.from_dict(meta, folder)
+    return CheckpointMeta.from_dict(meta, folder)
+
+
+def read_engines_meta(folder) -> EnginesMeta:
+    """An exported folder's meta.json; ConfigError when FOLDER holds another kind of artifact."""
+    meta = _read(folder)
+    if meta["kind"] != "engines":
+        raise ConfigError(f"{folder}/{META}: kind {meta['kind']!r} backend {meta.get('backend')!r}; "
+                          "expected kind 'engines' (an export: `specdrive export onnx` or `engines build`)")
+    return read_meta(folder)
+
+
+def scan_checkpoints(folder) -> tuple[dict[str, Path], dict[str, Path]]:
+    """({kind: folder} for target / expert / planner, {variant: folder} for drafts) from the
+    meta.json of DIR and its direct subfolders. A draft is named by its meta.json "variant"
+    (flat, mrope, flat-standalone, flat-aarl, ...), else its folder name, as a label only."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"checkpoint folder {str(folder)!r} does not exist")
+    models: dict[str, Path] = {}
+    drafts: dict[str, Path] = {}
+    for cand in [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]:
+        if not (cand / META).is_file():
+            continue
+        meta = _read(cand)
+        kind = meta["kind"]
+        if meta.get("format") != CHECKPOINT_FORMAT or kind not in MODEL_KINDS:
+            raise ConfigError(f"{cand}/{META}: format {meta.get('format')!r} kind {kind!r} "
+                              f"is not a specdrive model checkpoint (kinds {list(MODEL_KINDS)})")
+        label = str(meta.get("variant") or cand.name) if kind == "draft" else kind
+        table = drafts if kind == "draft" else models
+        if label in table:
+            raise ConfigError(f"{folder}: two checkpoints of kind {kind!r} named {label!r} "
+                              f"({table[label]} and {cand}); keep one")
+        table[label] = cand
+    if "planner" not in models and "target" not in models:
+        raise ConfigError(f"{folder}: no target checkpoint (meta.json kind 'target' or 'planner'); "
+                          f"found kinds {sorted(models) + (['draft'] if drafts else [])}")
+    return models, drafts
+
+
+# --- TensorRT-LLM checkpoints (engines/trtllm.py): meta.json without a kind ------------------------
+@dataclass(frozen=True)
+class TrtllmMeta(Card):
+    role: str
+    files: dict                     # {file: sha256}
+    source: str | None
+    source_sha256: dict
+    calibration: dict | None
+    cannot_build_at_release: list
+    draft_vocab: dict | None
+    trtllm_release: str | None
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, meta: dict, folder) -> TrtllmMeta:
+        f = Table.of_format(meta, f"{folder}/{META}", TRTLLM_FORMAT)
+        return cls(f("role", str), f("files", dict), f("source", str, None), f("source_sha256", dict, {}),
+                   f("calibration", dict, None), f("cannot_build_at_release", list, []), f("draft_vocab", dict, None),
+                   f("trtllm_release", str, None), raw=meta)
+
+
+# --- an engines build's manifest.json (engines/build.py writes it) ---------------------------------
+@dataclass(frozen=True)
+class BuildShapes:
+    max_prompt: int
+    max_len: int
+    k_max: int
+    cameras: int
+    frames: int
+    image_hw: tuple
+    verify_widths: tuple
+
+
+@dataclass(frozen=True)
+class FileHash:
+    file: str                       # relative to the folder
+    sha256: str
+
+
+@dataclass(frozen=True)
+class EngineFile(FileHash):
+    tensorrt: str | None = None     # the TensorRT version that built it ("trtexec": unknown)
+
+
+@dataclass(frozen=True)
+class TrtllmBuild:
+    """The manifest's "trtllm" entry: TensorRT-LLM checkpoints written, engines built on the device."""
+    release: str | None
+    build_script: str
+    checkpoints: dict               # {role: {dir, quant_algo, architecture, cannot_build_at_release}}
+    status: str | None
+    calibration: dict | None
+
+    def blockers(self) -> dict:
+        """{role: the features that block its build at the release} for the roles that have any."""
+        return {role: c.get("cannot_build_at_release") for role, c in self.checkpoints.items()
+                if c.get("cannot_build_at_release")}
+
+
+@dataclass(frozen=True)
+class Manifest(Card):
+    folder: Path
+    profile: str
+    built: bool
+    planner: str | None
+    target_sm: int | None
+    tensorrt_range: tuple
+    shapes: BuildShapes
+    precision: dict                 # {graph: engine precision}
+    int4_awq: bool
+    graphs: dict                    # {graph: FileHash of the ONNX file built from}
+    onnx_meta_sha256: str | None
+    engines: dict                   # {graph: EngineFile}
+    trtllm: TrtllmBuild | None
+    calibration: dict
+    steps: dict
+    needs: dict
+    tools: dict                     # {package: version} of the build machine
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, m: dict, folder) -> Manifest:
+        where = f"{folder}/{MANIFEST}"
+        f = Table.of_format(m, where, MANIFEST_FORMAT)
+        s = f.table("shapes")
+        shapes = BuildShapes(s("max_prompt", int), s("max_len", int), s("k_max", int), s("cameras", int),
+                             s("frames", int), tuple(s("image_hw", list)), tuple(s("verify_widths", list)))
+        engines = {}
+        for g, e in f("engines", dict, {}).items():
+            t = Table(e, where, f"engines.{g}.")
+            engines[g] = EngineFile(t("file", str), t("sha256", str), t("tensorrt", str, None))
+        graphs = {}
+        for g, e in f("graphs", dict, {}).items():
+            t = Table(e, where, f"graphs.{g}.")
+            graphs[g] = FileHash(t("file", str), t("sha256", str))
+        trtllm = None
+        if m.get("trtllm"):
+            t = f.table("trtllm")
+            trtllm = TrtllmBuild(t("release", str, None), t("build_script", str, "trtllm/BUILD.sh"),
+                                 t("checkpoints", dict, {}), t("status", str, None), t("calibration", dict, None))
+        return cls(Path(folder), f("profile", str), f("built", bool), f("planner", str, None),
+                   f("target_sm", int, None), tuple(f("tensorrt_range", list, [])), shapes, f("precision", dict, {}),
+                   f("int4_awq", bool, False), graphs, f("onnx_meta_sha256", str, None), engines, trtllm,
+                   f("calibration", dict, {}), f("steps", dict, {}), f("needs", dict, {}), f("tools", dict, {}),
+                   raw=m)
+
+
+def read_manifest(folder, backend: str | None = None) -> Manifest:
+    """FOLDER/manifest.json of `specdrive engines build`. With `backend` (the runtime opening the
+    folder) it must list built engines: a `built: false` manifest says what the build needs and
+    where to run it."""
+    file = Path(folder) / MANIFEST
+    if backend is not None and not file.is_file():
+        raise ConfigError(f"--backend {backend}: {folder} has no manifest.json; build the engines on the "
+                          "device with `make engines PROFILE=...` (specdrive engines build)")
+    m = read_json(file, "engines manifest")
+    if backend is not None and isinstance(m, dict) and m.get("format") == MANIFEST_FORMAT and not m.get("built"):
+        here = "" if importlib.util.find_spec("tensorrt") else \
+            "; the 'tensorrt' Python package is not installed here either"
+        raise ConfigError(f"--backend {backend}: {folder} holds no engines yet (manifest.json built: false, "
+                          f"profile {m.get('profile')!r}: the build needs TensorRT){here}. Engines are built on "
+                          f"the device they run on: install TensorRT there ({m.get('needs', {}).get('install')}), "
+                          f"then run `make engines PROFILE={m.get('profile')}` there")
+    return Manifest.from_dict(m, folder)
+
+
+# --- the facts of an artifact's meta.json, covered by a hash -------------------------------------
+FACTS = "facts_sha256"
+NOT_FACTS = ("created_at", "source", FACTS)      # informational: an edit there is harmless
+
+
+def facts(meta: dict, prefix: str = "") -> dict[str, object]:
+    """{dotted field: value} of every leaf of meta.json a loader may act on (lists are leaves)."""
+    out = {}
+    for key, value in meta.items():
+        if not prefix and key in NOT_FACTS:
+            continue
+        if isinstance(value, dict) and value:
+            out.update(facts(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def facts_sha256(meta: dict) -> dict[str, str]:
+    """{dotted field: sha256 of its canonical JSON, 16 hex digits}: what a writer stores under
+    "facts_sha256", so a loader can name the one field edited by hand."""
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
+            for k, v in facts(meta).items()}
+
+
+def stamp_facts(meta: dict) -> dict:
+    """meta with its facts_sha256 (re)computed; a writer calls it last."""
+    return {**{k: v for k, v in meta.items() if k != FACTS}, FACTS: facts_sha256(meta)}
+
+
+def check_facts(meta: dict, where) -> None:
+    """ConfigError naming the first field of meta.json that differs from what its writer
+    hashed (edited, added or removed); created_at and source are free."""
+    want = meta.get(FACTS)
+    if not isinstance(want, dict):
+        raise ConfigError(f"{where}: no {FACTS} (written before meta.json was hashed, or removed): "
+                          "its fields cannot be trusted; re-export the folder")
+    got = facts_sha256(meta)
+    for key in sorted(set(want) | set(got)):
+        if key not in got:
+            raise ConfigError(f"{where}: field {key!r} is missing (it was exported); re-export the folder")
+        if key not in want:
+            raise ConfigError(f"{where}: field {key!r} = {facts(meta)[key]!r} was added by hand (no export "
+                              "writes it); remove it or re-export the folder")
+        if got[key] != want[key]:
+            raise ConfigError(f"{where}: field {key!r} = {facts(meta)[key]!r} was edited (it does not match "
+                              f"its {FACTS}); restore the exported value or re-export the folder")
