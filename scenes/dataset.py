@@ -21,12 +21,16 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from prompt.artifacts import Table
 from scenes.config import (CAMERAS, DECISIONS, DRIVE_SECONDS, DT, FAMILIES, FRAME_OFFSETS, LIMITS,
                            MAX_DRIVE_SECONDS, SPLIT_FRACTIONS, SPLITS, UNSEEN_FAMILY, ConfigError, check_families)
 from scenes.render import IMAGE_H, IMAGE_W
 from scenes.world import Drive, Scene, make_drive, make_scene, pick_family
 
 FORMAT = "specdrive-scenes-v2"     # world v2: snapshots are cycles of drives; the v2 language
+DRIVE_FORMAT = "specdrive-drives-v2"
+WHAT = {FORMAT: "scenes", DRIVE_FORMAT: "drives"}
+MAKE = {FORMAT: "specdrive scenes generate", DRIVE_FORMAT: "specdrive scenes generate --drives N"}
 MAX_AGENTS = 16                  # agent_poses is padded with NaN to this many agents (ids fit int8)
 _progress = None                 # worker-side queue for the parent's progress bar
 
@@ -71,8 +75,8 @@ def scene_seed(seed: int, split: str, index: int) -> int:
     return int(np.random.SeedSequence([seed, SPLITS.index(split), index]).generate_state(1)[0])
 
 
-def generate(cfg: GenerateConfig, progress: bool = True) -> dict:
-    """Write the dataset described by cfg; returns the manifest (also written as manifest.json)."""
+def generate(cfg: GenerateConfig, progress: bool = True) -> DatasetManifest:
+    """Write the dataset described by cfg; returns its manifest (also written as manifest.json)."""
     out = Path(cfg.out)
     counts = split_counts(cfg.n, cfg.families)
     jobs = [(cfg, split, k, start, min(start + cfg.shard_size, count))
@@ -97,7 +101,7 @@ def generate(cfg: GenerateConfig, progress: bool = True) -> dict:
         manifest["splits"][split] = {"count": count, "family_counts": dict(sorted(family_counts.items())),
                                      "shards": [{"file": r["file"], "count": r["count"]} for r in mine]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return manifest
+    return DatasetManifest.from_dict(manifest, out, FORMAT)
 
 
 def _run(jobs, workers: int, total: int, progress: bool) -> list:
@@ -174,14 +178,10 @@ class SceneDataset:
         root = Path(root)
         if not root.is_dir():
             raise ConfigError(f"dataset directory {str(root)!r} does not exist")
-        if not (root / "manifest.json").is_file():
-            raise ConfigError(f"{str(root)!r} has no manifest.json; make a dataset with `specdrive scenes generate`")
         self.root, self.split = root, split
         self.manifest = read_dataset_manifest(root)
-        if split not in self.manifest["splits"]:
-            raise ConfigError(f"split={split!r} is not in {str(root)!r}; it has {', '.join(self.manifest['splits'])}")
-        self.shards = self.manifest["splits"][split]["shards"]
-        self._starts = np.cumsum([0] + [s["count"] for s in self.shards])
+        self.shards = self.manifest.parts(split)
+        self._starts = np.cumsum([0] + [s.count for s in self.shards])
         self._text, self._arrays = {}, {}
 
     def __len__(self) -> int:
@@ -210,27 +210,78 @@ class SceneDataset:
 
     def _shard_text(self, k: int) -> dict:
         if k not in self._text:
-            self._text[k] = json.loads((self.root / f"{self.shards[k]['file']}.json").read_text())
+            self._text[k] = json.loads((self.root / f"{self.shards[k].file}.json").read_text())
         return self._text[k]
 
     def _shard_arrays(self, k: int):
         if k not in self._arrays:
-            self._arrays[k] = safe_open(str(self.root / f"{self.shards[k]['file']}.safetensors"), framework="numpy")
+            self._arrays[k] = safe_open(str(self.root / f"{self.shards[k].file}.safetensors"), framework="numpy")
         return self._arrays[k]
 
 
-def read_dataset_manifest(root: Path) -> dict:
-    """manifest.json of a dataset of this world version, or a ConfigError saying what it is."""
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{root / 'manifest.json'} is not readable JSON ({e}); regenerate it with "
-                          "`specdrive scenes generate`") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+# --- manifest.json, typed once ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Part:
+    """One pair of files of a split, <file>.safetensors and <file>.json (relative to the folder,
+    inside it): a shard of `count` scenes, or one drive of `count` cycles."""
+    file: str
+    count: int
+
+
+@dataclass(frozen=True)
+class DatasetManifest:
+    """A dataset folder's manifest.json (snapshots or drives), read once and checked whole."""
+    root: Path
+    format: str
+    splits: dict                    # {split: tuple[Part, ...]}
+    counts: dict                    # {split: scenes or drives}
+
+    def parts(self, split: str) -> tuple:
+        """The shards (snapshots) or drives of one split."""
+        if split not in self.splits:
+            raise ConfigError(f"split={split!r} is not in {str(self.root)!r}; it has {', '.join(self.splits)}")
+        return self.splits[split]
+
+    @classmethod
+    def from_dict(cls, manifest, root: Path, fmt: str) -> DatasetManifest:
+        where = f"{root / 'manifest.json'}"
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ConfigError(f"{root} holds scenes of format {got!r}; this specdrive reads {FORMAT!r} "
-                          "(world v2): regenerate it with `specdrive scenes generate`")
-    return manifest
+        if got != fmt:
+            raise ConfigError(f"{root} holds {WHAT[fmt]} of format {got!r}, not of this world version "
+                              f"({fmt!r}): regenerate it with `{MAKE[fmt]}`")
+        key, size = ("drives", "cycles") if fmt == DRIVE_FORMAT else ("shards", "count")
+        splits, counts = {}, {}
+        f = Table(manifest, where).table("splits")
+        for split in f.data:
+            entry = f.table(split)
+            parts = []
+            for i, part in enumerate(entry(key, list)):
+                t = Table(part, where, f"splits.{split}.{key}[{i}].")
+                parts.append(Part(_inside(root, t("file", str), where, t.prefix), t(size, int)))
+            splits[split], counts[split] = tuple(parts), entry("count", int)
+        return cls(Path(root), fmt, splits, counts)
+
+
+def _inside(root: Path, file: str, where: str, field: str) -> str:
+    """`file`, a path relative to the dataset folder that stays inside it."""
+    base = Path(root).resolve()
+    if Path(file).is_absolute() or not (base / file).resolve().is_relative_to(base):
+        raise ConfigError(f"{where}: field {field}file = {file!r} is outside the folder; shard files are "
+                          "paths relative to the dataset folder, inside it")
+    return file
+
+
+def read_dataset_manifest(root: Path, fmt: str = FORMAT) -> DatasetManifest:
+    """manifest.json of a dataset of this world version (snapshots: FORMAT, drives: DRIVE_FORMAT),
+    or a ConfigError saying what is wrong."""
+    file = Path(root) / "manifest.json"
+    if not file.is_file():
+        raise ConfigError(f"{str(root)!r} has no manifest.json; make {WHAT[fmt]} with `{MAKE[fmt]}`")
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{file} is not readable JSON ({e}); regenerate it with `{MAKE[fmt]}`") from None
+    return DatasetManifest.from_dict(manifest, Path(root), fmt)
 
 
 def load(root, split: str = "train") -> SceneDataset:
@@ -239,10 +290,6 @@ def load(root, split: str = "train") -> SceneDataset:
 
 
 # ---------------------------------------------------------------- drives
-
-DRIVE_FORMAT = "specdrive-drives-v2"
-
-
 @dataclass(frozen=True)
 class DriveConfig:
     out: str
@@ -267,7 +314,7 @@ class DriveConfig:
         object.__setattr__(self, "families", check_families(self.families))
 
 
-def generate_drives(cfg: DriveConfig, progress: bool = True) -> dict:
+def generate_drives(cfg: DriveConfig, progress: bool = True) -> DatasetManifest:
     """Write drive shards (one drive per shard) and manifest.json; the same seed gives the same bytes.
     Drive i of a split has the seed of scene i of that split, so snapshot i is one of its cycles."""
     out = Path(cfg.out)
@@ -301,7 +348,7 @@ def generate_drives(cfg: DriveConfig, progress: bool = True) -> dict:
     for split, count in counts.items():
         manifest["splits"][split] = {"count": count, "drives": [r for r in results if r["split"] == split]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return manifest
+    return DatasetManifest.from_dict(manifest, out, DRIVE_FORMAT)
 
 
 def _write_drive(job) -> dict:
@@ -339,18 +386,9 @@ class DriveDataset:
     """Drives of one split: `ds[i]` is a Drive whose cycles carry their camera frames."""
 
     def __init__(self, root, split: str):
-        root = Path(root)
-        if not (root / "manifest.json").is_file():
-            raise ConfigError(f"{str(root)!r} has no manifest.json; make drives with "
-                              "`specdrive scenes generate --drives N`")
-        manifest = json.loads((root / "manifest.json").read_text())
-        if manifest.get("format") != DRIVE_FORMAT:
-            raise ConfigError(f"{root} holds {manifest.get('format')!r}, not drives of this world version "
-                              f"({DRIVE_FORMAT!r}): regenerate with `specdrive scenes generate --drives N`")
-        if split not in manifest["splits"]:
-            raise ConfigError(f"split={split!r} is not in {str(root)!r}; it has {', '.join(manifest['splits'])}")
-        self.root, self.split, self.manifest = root, split, manifest
-        self.entries = manifest["splits"][split]["drives"]
+        self.root, self.split = Path(root), split
+        self.manifest = read_dataset_manifest(self.root, DRIVE_FORMAT)
+        self.entries = self.manifest.parts(split)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -358,7 +396,7 @@ class DriveDataset:
     def __getitem__(self, i: int) -> Drive:
         if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self):
             raise IndexError(f"drive {i!r} is out of range for split {self.split!r}; allowed 0..{len(self) - 1}")
-        file = self.root / self.entries[i]["file"]
+        file = self.root / self.entries[i].file
         try:
             labels = json.loads(file.with_suffix(".json").read_text())
             with safe_open(str(file.with_suffix(".safetensors")), framework="numpy") as f:

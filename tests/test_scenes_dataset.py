@@ -65,8 +65,8 @@ def test_splits_and_the_unseen_family(datasets):
 def test_families_option_restricts_what_is_drawn(tmp_path):
     manifest = generate(GenerateConfig(str(tmp_path), 12, families=("follow", "curve"), render=False),
                         progress=False)
-    assert "unseen" not in manifest["splits"]
-    drawn = {s.family for split in manifest["splits"] for s in load(tmp_path, split)}
+    assert "unseen" not in manifest.splits
+    drawn = {s.family for split in manifest.splits for s in load(tmp_path, split)}
     assert drawn <= {"follow", "curve"} and drawn
     assert load(tmp_path, "train")[0].images is None
 

@@ -1,5 +1,6 @@
 """Drives: a scenario unrolled in 10 Hz cycles, their shards, their GIF, closed-loop rendering, and
 frames entering the vision tower as separate images."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -108,10 +109,33 @@ def test_truncated_or_foreign_shards_are_refused(shards, tmp_path):
         load_drives(root, "test")[0]
     manifest = root / "manifest.json"
     manifest.write_text(manifest.read_text().replace("specdrive-drives-v2", "specdrive-drives-v1"))
-    with pytest.raises(ConfigError, match="not drives of this world version"):
+    with pytest.raises(ConfigError, match="holds drives of format 'specdrive-drives-v1', not of this world "
+                                          "version"):
         load_drives(root, "test")
     with pytest.raises(ConfigError, match="seconds=30"):
         DriveConfig(str(tmp_path / "x"), 1, 30.0)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: "{not json", "not readable JSON"),
+    (lambda m: [m], "holds drives of format 'list'"),
+    (lambda m: {k: v for k, v in m.items() if k != "splits"}, "field 'splits' is missing"),
+    (lambda m: {**m, "splits": {"test": {**m["splits"]["test"], "drives": [{"cycles": 5}]}}},
+     r"field 'splits.test.drives\[0\].file' is missing"),
+    (lambda m: {**m, "splits": {"test": {**m["splits"]["test"], "drives": [{"file": "../../x", "cycles": 5}]}}},
+     "outside the folder"),
+    (lambda m: {**m, "splits": {"test": {**m["splits"]["test"], "count": "1"}}}, "field 'splits.test.count'"),
+])
+def test_a_damaged_drives_manifest_is_refused_naming_the_field(shards, tmp_path, edit, says):
+    import shutil
+
+    root = tmp_path / "d"
+    shutil.copytree(shards / "a", root)
+    manifest = root / "manifest.json"
+    edited = edit(json.loads(manifest.read_text()))
+    manifest.write_text(edited if isinstance(edited, str) else json.dumps(edited))
+    with pytest.raises(ConfigError, match=says):
+        load_drives(root, "test")
 
 
 def test_show_writes_a_drive_gif(shards, tmp_path):

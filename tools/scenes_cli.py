@@ -39,7 +39,7 @@ def _generate(args) -> int:
 
         cfg = DriveConfig(args.out, args.drives, args.seconds, args.seed, args.split, families, args.workers)
         manifest = generate_drives(cfg)
-        counts = ", ".join(f"{k} {v['count']}" for k, v in manifest["splits"].items())
+        counts = ", ".join(f"{k} {n}" for k, n in manifest.counts.items())
         print(f"wrote {cfg.drives} drives of {cfg.seconds:g} s to {cfg.out}: {counts}")
         return 0
     if args.split is not None:
@@ -48,7 +48,7 @@ def _generate(args) -> int:
 
     cfg = GenerateConfig(args.out, args.n, args.seed, families, args.workers, args.shard_size, not args.no_render)
     manifest = generate(cfg)
-    counts = ", ".join(f"{k} {v['count']}" for k, v in manifest["splits"].items())
+    counts = ", ".join(f"{k} {n}" for k, n in manifest.counts.items())
     print(f"wrote {cfg.n} scenes to {cfg.out}: {counts}")
     return 0
 

@@ -44,9 +44,9 @@ def dataset_corpus(data_dir) -> list[str]:
 
     root = Path(data_dir)
     manifest = read_dataset_manifest(root)
-    if "train" not in manifest["splits"]:
+    if "train" not in manifest.splits:
         raise ConfigError(f"{root} has no train split to build the tokenizer from")
     texts = []
-    for shard in manifest["splits"]["train"]["shards"]:
-        texts += [s["coc"] for s in json.loads((root / f"{shard['file']}.json").read_text())["scenes"]]
+    for shard in manifest.parts("train"):
+        texts += [s["coc"] for s in json.loads((root / f"{shard.file}.json").read_text())["scenes"]]
     return texts
