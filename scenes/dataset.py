@@ -266,7 +266,7 @@ def _inside(root: Path, file: str, where: str, field: str) -> str:
     """`file`, a path relative to the dataset folder that stays inside it."""
     base = Path(root).resolve()
     if Path(file).is_absolute() or not (base / file).resolve().is_relative_to(base):
-        raise ConfigError(f"{where}: field {field}file = {file!r} is outside the folder; shard files are "
+        raise ConfigError(f"{where}: field '{field}file' = {file!r} is outside the folder; shard files are "
                           "paths relative to the dataset folder, inside it")
     return file
 
