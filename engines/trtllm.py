@@ -46,7 +46,7 @@ from models import io
 from models.draft import Draft
 from models.names import check_names
 from prompt.artifacts import TRTLLM_FORMAT as FORMAT, TrtllmMeta
-from prompt.config import ConfigError, file_sha256
+from prompt.config import ConfigError, file_sha256, read_json
 from prompt.draft_vocab import d2t_sha256
 
 TRTLLM_RELEASE = "1.0.0rc4"
@@ -222,11 +222,11 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict, TrtllmMeta]:
         if not (folder / f).is_file():
             raise ConfigError(f"{folder}: no {f}; a TensorRT-LLM checkpoint of ours has config.json, "
                               "rank0.safetensors and meta.json")
-    meta = TrtllmMeta.from_dict(json.loads((folder / "meta.json").read_text()), folder)
+    meta = TrtllmMeta.from_dict(read_json(folder / "meta.json", "TensorRT-LLM checkpoint metadata"), folder)
     for f, sha in meta.files.items():
         if file_sha256(folder / f) != sha:
             raise ConfigError(f"{folder}/{f}: sha256 differs from meta.json; the file was changed")
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json(folder / "config.json", "TensorRT-LLM checkpoint config")
     weights = safetensors.torch.load_file(str(folder / "rank0.safetensors"))
     check_names(expected_shapes(config), weights, f"TensorRT-LLM checkpoint {folder}")
     return config, weights, meta
