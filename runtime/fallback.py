@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout   # the builtin TimeoutError only from 3.11
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Fallback:
         with budget.stage("fallback_wait"):
             try:
                 err = job.exception(timeout=budget.wait_s(self.wait_cap_ms()))
-            except TimeoutError:
+            except FutureTimeout:
                 res.flags.append("fallback_stuck")
                 res.notes.append("the last cycle's fallback trajectory did not finish; its worker "
                                  "was replaced")
