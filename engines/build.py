@@ -148,10 +148,12 @@ def write_manifest(profile, checkpoint, out: Path, meta: EnginesMeta, steps: dic
         "tools": tool_versions(), "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if not built:
-        manifest |= {"needs": {"step": "build", "what": "TensorRT (the `tensorrt` Python package or trtexec)",
-                               "install": install}}
-    manifest |= {"engines": engines} if engines else {}
-    manifest |= {"trtllm": trtllm} if trtllm else {}
+        manifest["needs"] = {"step": "build", "what": "TensorRT (the `tensorrt` Python package or trtexec)",
+                             "install": install}
+    if engines:
+        manifest["engines"] = engines
+    if trtllm:
+        manifest["trtllm"] = trtllm
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 

@@ -145,10 +145,15 @@ class ExpertRequest:
     combine: str = "mean"
 
     def __post_init__(self):
-        check_range("samples", self.samples, lo=1, hi=64)
-        if self.steps is not None:
-            check_range("steps", self.steps, lo=1, hi=100)
-        check_choice("combine", self.combine, COMBINES)
+        check_expert(self.samples, self.steps, self.combine)
+
+
+def check_expert(samples, steps, combine, names=("samples", "steps", "combine")) -> None:
+    """The expert's settings' limits, written once (an ExpertRequest's and the profile's fields)."""
+    check_range(names[0], samples, lo=1, hi=64)
+    if steps is not None:
+        check_range(names[1], steps, lo=1, hi=100)
+    check_choice(names[2], combine, COMBINES)
 
 
 @dataclass
@@ -173,11 +178,9 @@ class PlannerConfig:
         check_types(self)
         check_range("max_reasoning_tokens", self.max_reasoning_tokens, lo=1, hi=4096)
         check_choice("trajectory", self.trajectory, TRAJECTORY_SOURCES)
-        check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         check_choice("fallback", self.fallback, FALLBACKS)
-        check_choice("trajectory_combine", self.trajectory_combine, COMBINES)
-        if self.euler_steps is not None:
-            check_range("euler_steps", self.euler_steps, lo=1, hi=100)
+        check_expert(self.trajectory_samples, self.euler_steps, self.trajectory_combine,
+                     ("trajectory_samples", "euler_steps", "trajectory_combine"))
         check_range("max_len", self.max_len, lo=64, hi=1 << 20)
         if not self.cameras or len(set(self.cameras)) != len(self.cameras):
             raise ConfigError(f"cameras={list(self.cameras)!r} must be a non-empty list of distinct names")

@@ -107,7 +107,7 @@ class GraphBackend(Backend):
         t = self.meta.target
         if t.mrope_section and np.asarray(positions).ndim == 2:
             positions = np.broadcast_to(positions, (3, *np.shape(positions)))
-        return rope_tables(positions, t.head_dim, t.rope_theta, list(t.mrope_section), t.interleaved)
+        return rope_tables(positions, t.head_dim, t.rope_theta, t.mrope_section, t.interleaved)
 
     def draft_rope(self, start: int, n: int, prompt_positions=None):
         if self.meta.draft_rope == "mrope":
@@ -131,7 +131,7 @@ class GraphBackend(Backend):
         pos = rows + self.delta + np.arange(W)
         cos, sin = rope_tables(np.broadcast_to(pos, (3, S, W)) if t.mrope_section else
                                np.broadcast_to(pos, (S, W)), t.head_dim, t.rope_theta,
-                               list(t.mrope_section), t.interleaved)
+                               t.mrope_section, t.interleaved)
         return x, cos, sin
 
     def euler_times(self, request: ExpertRequest) -> np.ndarray:
