@@ -1,5 +1,6 @@
 """specdrive profile's report (stage table, Chrome trace, per-call costs) and the pictures."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,19 @@ def test_pictures_are_drawn(tmp_path):
     for name in ("timeline.png", "stages.png", "accepted.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert out["accepted_mean"] == {"routine": 2.0}
+
+
+def test_profile_cycles_carry_their_routine_token_counts(tmp_path):
+    """accepted.png splits accepted lengths by routine / commitment from each cycle's routine_tokens;
+    without them every step counted as commitment."""
+    from bench.common.accept_map import routine_tokens
+    from bench.profiling.command import ProfileRun, profile_here
+    from runtime.artifacts import ModelSource, load_tokenizer
+
+    shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny"
+    profile_here(ProfileRun(source=ModelSource(checkpoint=shipped), out=tmp_path, cycles=2, warmup=0, no_nsys=True))
+    recs = [json.loads(line) for line in (tmp_path / "cycles.jsonl").read_text().splitlines()]
+    tok = load_tokenizer(shipped)
+    assert len(recs) == 2
+    assert [r["routine_tokens"] for r in recs] == [routine_tokens(tok, r["reasoning"]) for r in recs]
+    assert any(cls == "routine" for r in recs for _, cls in timeline.step_classes(r)), "no step counted as routine"

@@ -24,6 +24,7 @@ from runtime.artifacts import ModelSource, open_backend
 from runtime.config import load_planner_config
 from runtime.planner import Planner
 from bench.profiling import report as profile_report, timeline
+from bench.common.accept_map import routine_tokens
 from bench.common.cycle_report import JsonLog
 from bench.common.sources import SceneSource, default_tokenizer, scene_source
 from bench.common.threads import torch_threads
@@ -111,8 +112,9 @@ def profile_here(setup: ProfileRun) -> dict:
             measure = trace.begin(trace.CAPTURE)
             for s in scenes:
                 res = planner.plan(s.images, s.history, scene=s.name)
-                cycles.append(res.to_json())
-                log.write({**cycles[-1], "family": s.family})
+                cycles.append({**res.to_json(), "family": s.family,
+                               "routine_tokens": routine_tokens(tok, res.reasoning)})   # accepted.png's classes
+                log.write(cycles[-1])
             trace.end(measure)
     finally:
         trace.disable()
