@@ -393,10 +393,7 @@ def read_meta(folder) -> CheckpointMeta | EnginesMeta:
     """FOLDER/meta.json by its kind: a checkpoint, or an exported folder (its facts hash checked
     before anything else: every field as exported)."""
     meta = _read(folder)
-    if meta["kind"] == "engines":
-        check_facts(meta, f"{folder}/{META}")
-        return EnginesMeta.from_dict(meta, folder)
-    return CheckpointMeta.from_dict(meta, folder)
+    return _engines(meta, folder) if meta["kind"] == "engines" else CheckpointMeta.from_dict(meta, folder)
 
 
 def read_engines_meta(folder) -> EnginesMeta:
@@ -405,7 +402,12 @@ def read_engines_meta(folder) -> EnginesMeta:
     if meta["kind"] != "engines":
         raise ConfigError(f"{folder}/{META}: kind {meta['kind']!r} backend {meta.get('backend')!r}; "
                           "expected kind 'engines' (an export: `specdrive export onnx` or `engines build`)")
-    return read_meta(folder)
+    return _engines(meta, folder)
+
+
+def _engines(meta: dict, folder) -> EnginesMeta:
+    check_facts(meta, f"{folder}/{META}")
+    return EnginesMeta.from_dict(meta, folder)
 
 
 def scan_checkpoints(folder) -> tuple[dict[str, Path], dict[str, Path]]:
