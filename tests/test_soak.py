@@ -134,19 +134,28 @@ def test_soak_short_on_the_onnxruntime_backend(tiny_onnx):
     cfg = PlannerConfig(spec=SpecConfig(k=4, adaptive=True), budget=budget, fallback="on_failure",
                         euler_steps=2, trajectory_samples=8, max_len=512)
     p = Planner(faulty, tok, cfg)
-    records = []
+    records, clean = [], []
     for i in range(40):
         s = make_scene(500 + i, split="test")
         images, history = np.asarray(s.images), np.asarray(s.history, np.float64)
         if rng.random() < 0.15:                                  # a corrupt frame
             history = history.copy()
             history[3, 1] = np.nan
+        before = len(faulty.injected)
         res = p.plan(images, history, scene=f"s{i}")             # must never raise
         records.append(json.loads(json.dumps(res.to_json(), allow_nan=False)))
+        faulted = len(faulty.injected) > before
+        # how many cycles draw a fault depends on the machine (adaptive k and the budget read the
+        # clock), so each cycle is judged on its own: a fault is reported, a clean cycle reasons
+        if faulted:
+            assert records[-1]["error"], (i, faulty.injected[before:], res.source)
+        elif np.isfinite(history).all():
+            clean.append(i)
+            assert res.source in ("reasoning", "cut_reasoning") and res.error is None, (i, res.source, res.error)
         assert (res.timing["total_ms"] > budget.budget_ms) == ("miss" in res.flags), (i, res.flags)
         if np.isfinite(history).all() and res.source != "none":
             v0 = tok.conditioning.speed(history) if "input_error" not in res.flags else p.last_v0
             assert check_trajectory(res.trajectory, v0, CheckConfig()) == [], (i, res.flags, res.error)
     assert len(set(faulty.injected)) >= 2, faulty.injected
-    assert any(r["error"] for r in records) and sum(r["source"] == "reasoning" for r in records) > 15
+    assert len(clean) >= 5 and any(r["error"] for r in records), (clean, faulty.injected)
     p.close()
