@@ -70,6 +70,10 @@ class StepPolicy:
         k = best_k(self.rate.value, self.costs, self.k_max, pending) if self.adaptive else self.k
         return self.cap(k, pending) if self.cap else k
 
+    def observe_search(self, ms: float) -> None:
+        """One lookup search took `ms` (the budget prices the next ones by it)."""
+        self.costs.observe("lookup", ms)
+
     def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int,
                 free: bool = False) -> None:
         (self.free_rate if free else self.rate).observe(k, n)

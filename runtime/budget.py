@@ -55,11 +55,13 @@ class FakeClock:
 class CostModel:
     """Per-op costs in ms: a running mean (for speed) and an ageing peak (for worst cases).
 
-    Keys: "draft" (one draft step), ("verify", width), "vision", "prefill", "trajectory".
-    Unmeasured verify widths are extrapolated linearly from the measured ones."""
+    Keys: "draft" (one draft step), ("verify", width), "vision", "prefill", "trajectory",
+    "lookup" (one lookup search: with `searches`, every step's cost carries the search that
+    precedes the next step, so the budget keeps room for it). Unmeasured verify widths are
+    extrapolated linearly from the measured ones."""
 
-    def __init__(self, cfg: BudgetConfig, ema: float = 0.2):
-        self.cfg, self.ema = cfg, ema
+    def __init__(self, cfg: BudgetConfig, ema: float = 0.2, searches: bool = False):
+        self.cfg, self.ema, self.searches = cfg, ema, bool(searches)
         self.mean: dict = {}
         self.peak: dict = {}
         self._fits: dict = {}      # (table name, width) -> extrapolation; cleared on every change
@@ -87,7 +89,7 @@ class CostModel:
         if isinstance(key, tuple) and key[0] == "verify":
             return c.prior_verify_ms + c.prior_verify_per_token_ms * (key[1] - 1)
         return {"draft": c.prior_draft_step_ms, "vision": c.prior_vision_ms, "prompt": c.prior_prompt_ms,
-                "prefill": c.prior_prefill_ms, "trajectory": c.prior_trajectory_ms}[key]
+                "prefill": c.prior_prefill_ms, "trajectory": c.prior_trajectory_ms, "lookup": c.prior_lookup_ms}[key]
 
     def expected(self, key) -> float:
         if key in self.mean:
@@ -107,11 +109,14 @@ class CostModel:
         return self.prior(key)
 
     def step_worst(self, k: int, pending: int = 1, draft: bool = True) -> float:
-        """draft=False: a lookup proposal, no draft step (only the verify pass costs)."""
-        return k * self.worst("draft") * draft + self.worst(("verify", pending + k))
+        """draft=False: a lookup proposal, no draft step (only the verify pass costs); with
+        `searches` the next step's lookup search is part of this one's cost."""
+        search = self.worst("lookup") if self.searches else 0.0
+        return k * self.worst("draft") * draft + self.worst(("verify", pending + k)) + search
 
     def step_expected(self, k: int, pending: int = 1, draft: bool = True) -> float:
-        return k * self.expected("draft") * draft + self.expected(("verify", pending + k))
+        search = self.expected("lookup") if self.searches else 0.0
+        return k * self.expected("draft") * draft + self.expected(("verify", pending + k)) + search
 
     def premise(self, cfg: BudgetConfig) -> dict:
         """W(prompt) + W(vision) + W(prefill) + W(trajectory) + margin against the budget (ms)."""

@@ -66,13 +66,14 @@ class BudgetConfig:
     prior_verify_ms: float = 6.0            # verify of width 1 ...
     prior_verify_per_token_ms: float = 0.5  # ... plus this per extra token
     prior_trajectory_ms: float = 30.0
+    prior_lookup_ms: float = 1.0            # one lookup search (reuse.lookup; bounded under 1 ms per step)
     peak_decay: float = 0.8                 # per cycle: peak <- mean + decay (peak - mean)
 
     def __post_init__(self):
         check_types(self)
         for name in ("budget_ms", "margin_ms", "prior_prompt_ms", "prior_vision_ms", "prior_prefill_ms",
                      "prior_draft_step_ms", "prior_verify_ms", "prior_verify_per_token_ms",
-                     "prior_trajectory_ms"):
+                     "prior_trajectory_ms", "prior_lookup_ms"):
             check_range(f"budget.{name}", getattr(self, name), lo=0.0)
         check_range("budget.worst_case_factor", self.worst_case_factor, lo=1.0)
         check_range("budget.peak_decay", self.peak_decay, lo=0.0, hi=1.0)

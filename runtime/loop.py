@@ -125,6 +125,7 @@ class DecodeStats:
     looked_up_accepted: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    lookup_ms: float = 0.0      # lookup searches (measured, priced by the budget)
     ks: list = field(default_factory=list)
     ns: list = field(default_factory=list)     # accepted draft tokens per step
     branches: Counter = field(default_factory=Counter)
@@ -140,7 +141,7 @@ class DecodeStats:
                 "looked_up": self.looked_up, "looked_up_accepted": self.looked_up_accepted,
                 "tau": round(self.tau, 4), "ks": list(self.ks),
                 "ns": list(self.ns), "draft_ms": round(self.draft_ms, 3),
-                "verify_ms": round(self.verify_ms, 3), "branches": dict(self.branches)}
+                "verify_ms": round(self.verify_ms, 3), "lookup_ms": round(self.lookup_ms, 3), "branches": dict(self.branches)}
 
 
 def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int,
@@ -160,7 +161,14 @@ def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int
         if room < 0:
             return "limit" if len(state.seq) >= limit else "max_len"
         pending = len(state.seq) - state.t_len
-        proposal = lookup.propose(state.seq, min(policy.k_max, room)) if lookup is not None else None
+        proposal = None
+        if lookup is not None:      # the search is timed: the budget prices the next ones by it
+            t0 = clock()
+            proposal = lookup.propose(state.seq, min(policy.k_max, room))
+            searched = clock() - t0
+            stats.lookup_ms += searched
+            if hasattr(policy, "observe_search"):
+                policy.observe_search(searched)
         free = proposal is not None and len(proposal) > 0
         k = policy.next_k(pending, free=True) if free else policy.next_k(pending)
         if k is None:

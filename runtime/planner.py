@@ -42,7 +42,7 @@ class Planner:
         self.cfg = config or PlannerConfig()
         self.clock = clock
         check_setup(backend, tokenizer, self.cfg)
-        self.costs = CostModel(self.cfg.budget)     # learnt across cycles: the worst cases
+        self.costs = CostModel(self.cfg.budget, searches=self.cfg.reuse.lookup)   # learnt across cycles
         self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate(), "lookup": AcceptanceRate()}
         reuse = self.cfg.reuse
         if reuse.vision and not backend.reuses_vision:

@@ -111,3 +111,100 @@ def test_the_lookup_sampling_test_catches_accepting_every_lookup_proposal():
         return accept_sampling(draft, q, p, rng)
     z, _ = sampled_z_with_lookup(accept_lookup, runs=2000)
     assert z > 8.0, f"a rule that accepts every lookup proposal passed the test (z={z:.1f})"
+
+
+def scan(texts, ngram, context, k):
+    """The plain scan the index replaces: longest tail first, most recent text, first place."""
+    context = list(context)
+    for n in range(min(8, len(context)), ngram - 1, -1):
+        for text in reversed(texts):
+            for i in range(len(text) - n):
+                if text[i:i + n] == context[-n:]:
+                    return text[i + n:i + n + k]
+    return []
+
+
+def test_the_indexed_search_proposes_what_the_scan_of_the_texts_proposes():
+    rng = np.random.default_rng(7)
+    checked = 0
+    for trial in range(300):
+        ngram, cycles = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        store = Lookup(cycles=cycles, ngram=ngram)
+        texts = [list(rng.integers(0, 6, int(rng.integers(0, 30)))) for _ in range(int(rng.integers(0, 7)))]
+        for t in texts:
+            store.remember(t)
+        kept = [[int(x) for x in t] for t in texts[-cycles:]] if texts else []
+        context = list(rng.integers(0, 6, int(rng.integers(0, 12))))
+        k = int(rng.integers(1, 9))
+        want = scan(kept, ngram, context, k)
+        assert store.propose(context, k).tolist() == [int(x) for x in want], (trial, texts, context)
+        checked += bool(want)
+    assert checked > 50          # most trials matched something: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("kind", ["random", "one token repeated"])
+def test_a_search_stays_under_a_millisecond_at_the_largest_settings(kind):
+    """reuse.lookup_cycles = 64 texts of max_reasoning_tokens = 4,096, ngram 1 (the largest
+    allowed): a scan of the texts took ~193 ms per step; the index reads at most 8 x 64 entries."""
+    import time
+
+    from runtime.config import ReuseConfig, PlannerConfig
+
+    cfg = PlannerConfig(max_reasoning_tokens=4096, reuse=ReuseConfig(lookup=True, lookup_cycles=64, lookup_ngram=1))
+    rng = np.random.default_rng(0)
+    store = Lookup(cfg.reuse.lookup_cycles, cfg.reuse.lookup_ngram)
+    for _ in range(cfg.reuse.lookup_cycles):
+        text = rng.integers(0, 40, cfg.max_reasoning_tokens) if kind == "random" else np.full(cfg.max_reasoning_tokens, 5)
+        store.remember(text)
+    contexts = [list(rng.integers(100, 200, 40)), list(rng.integers(0, 40, 40)), [5] * 40]
+    for context in contexts:
+        times = []
+        for _ in range(21):
+            t0 = time.perf_counter()
+            store.propose(context, 16)
+            times.append((time.perf_counter() - t0) * 1e3)
+        assert float(np.median(times)) < 1.0, (kind, context[:4], np.median(times))
+
+
+class SlowLookup(CycleLookup):
+    """A lookup whose every search costs `ms` on the fake clock."""
+
+    def __init__(self, store, start, clock, ms):
+        super().__init__(store, start)
+        self.clock, self.ms, self.searches = clock, ms, 0
+
+    def propose(self, seq, k):
+        self.clock.advance(self.ms)
+        self.searches += 1
+        return super().propose(seq, k)
+
+
+@pytest.mark.parametrize("search_ms", [0.5, 8.0])
+def test_the_search_is_measured_and_the_budget_keeps_room_for_it(search_ms):
+    """Each search's time is in the decode stats and the cost model; every step the budget
+    allows leaves room for the next search and the trajectory reserve, so reasoning never runs
+    into the reserve however slow the search is."""
+    from runtime.budget import CycleBudget, FakeClock
+
+    clock = FakeClock()
+    be = TableBackend(V, max_len=256, seed=0, draft_noise=0.0, stop_id=STOP, stop_slope=0.0, clock=clock,
+                      costs={"draft": 1.0, "verify": 4.0, "prefill": 10.0})
+    cfg = BudgetConfig(budget_ms=120.0, margin_ms=2.0, prior_trajectory_ms=20.0, prior_lookup_ms=1.0)
+    costs = CostModel(cfg, searches=True)
+    budget = CycleBudget(cfg, costs, clock)
+    p = prompts(1, seed=3)[0]
+    store = Lookup(cycles=1, ngram=1)
+    store.remember([int(p[-1])] + list(range(4, V)) * 3)     # something to propose
+    look = SlowLookup(store, len(p) - 1, clock, search_ms)
+    pol = StepPolicy(costs, 4, False, 8, cap=budget.cap)
+    out, reason, stats = generate(be, p, GreedyRule(), pol, stop_ids=[STOP], max_new=200, lookup=look,
+                                  clock=clock)
+    assert look.searches >= 2
+    assert stats.lookup_ms == pytest.approx(search_ms * look.searches)
+    assert costs.mean["lookup"] == pytest.approx(search_ms)
+    assert reason == "budget"                                       # the budget, not the cache, ended it
+    assert budget.left_ms() >= budget.reserve_ms() - 1e-9, (budget.left_ms(), budget.reserve_ms())
+    blind = CostModel(cfg)                                          # the same costs, the search not priced
+    for key in costs.mean:
+        blind.observe(key, costs.mean[key])
+    assert costs.step_worst(4) - blind.step_worst(4) == pytest.approx(costs.worst("lookup"))
