@@ -13,6 +13,7 @@ from prompt.config import ConfigError, check_choice
 from prompt.trajectory import DT, FUT_WAYPOINTS, HIST_POSES   # 10 Hz; declared once in prompt/trajectory.py
 
 DRIVE_SECONDS = 8.0              # default drive: cycles at t = -4.0 .. 3.9 s around the scenario's t0
+MAX_DRIVES = 10_000              # `scenes generate --drives` at most
 MAX_DRIVE_SECONDS = 12.0         # the time grid holds a drive of up to this many seconds
 # the simulation starts 0.5 s before the first cycle's history (warm-up) and ends with the last
 # cycle's 6.4 s future: t = -8.0 .. 12.4 s, 205 poses

@@ -10,7 +10,9 @@ range of indices, so the bytes do not depend on how many workers wrote them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import re
 import multiprocessing as mp
 import queue as queue_lib
@@ -22,8 +24,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from prompt.artifacts import Table
-from scenes.config import (CAMERAS, DECISIONS, DRIVE_SECONDS, DT, FAMILIES, FRAME_OFFSETS, LIMITS,
-                           MAX_DRIVE_SECONDS, SPLIT_FRACTIONS, SPLITS, UNSEEN_FAMILY, ConfigError, check_families)
+from prompt.config import check_range
+from scenes.config import (CAMERAS, DECISIONS, DRIVE_SECONDS, DT, FAMILIES, FRAME_OFFSETS, FUT_WAYPOINTS,
+                           HIST_POSES, LIMITS, MAX_DRIVE_SECONDS, MAX_DRIVES, N_STEPS, SPLIT_FRACTIONS, SPLITS, TIMES, UNSEEN_FAMILY, ConfigError,
+                           check_families)
 from scenes.render import IMAGE_H, IMAGE_W
 from scenes.world import Drive, Scene, make_drive, make_scene, pick_family
 
@@ -32,6 +36,9 @@ DRIVE_FORMAT = "specdrive-drives-v2"
 WHAT = {FORMAT: "scenes", DRIVE_FORMAT: "drives"}
 MAKE = {FORMAT: "specdrive scenes generate", DRIVE_FORMAT: "specdrive scenes generate --drives N"}
 MAX_AGENTS = 16                  # agent_poses is padded with NaN to this many agents (ids fit int8)
+MAX_SCENES = 1_000_000           # --n at most
+MAX_WORKERS = 256
+MAX_SHARD_SIZE = 65_536
 _progress = None                 # worker-side queue for the parent's progress bar
 
 
@@ -46,18 +53,40 @@ class GenerateConfig:
     render: bool = True
 
     def __post_init__(self):
-        if not isinstance(self.n, int) or self.n <= 0:
-            raise ConfigError(f"n={self.n!r} must be a positive number of scenes")
-        if self.workers < 1:
-            raise ConfigError(f"workers={self.workers!r} must be at least 1")
-        if self.shard_size < 1:
-            raise ConfigError(f"shard_size={self.shard_size!r} must be at least 1")
-        if not 0 <= self.seed < 2 ** 32:
-            raise ConfigError(f"seed={self.seed!r} is out of range; allowed [0, 2**32)")
+        check_int("n", self.n, 1, MAX_SCENES, "scenes")
+        check_int("workers", self.workers, 1, MAX_WORKERS)
+        check_int("shard_size", self.shard_size, 1, MAX_SHARD_SIZE)
+        check_int("seed", self.seed, 0, 2 ** 32 - 1)
+        check_out(self.out, FORMAT)
         object.__setattr__(self, "families", check_families(self.families))
         if set(self.families) == {UNSEEN_FAMILY}:
             raise ConfigError(f"families={list(self.families)}: {UNSEEN_FAMILY!r} is held out (split 'unseen' "
                               f"only); name at least one of {', '.join(f for f in FAMILIES if f != UNSEEN_FAMILY)}")
+
+
+def check_int(name: str, value, lo: int, hi: int, what: str = "") -> None:
+    """An int in [lo, hi], or a ConfigError saying the bounds."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name}={value!r} must be an integer{' number of ' + what if what else ''} "
+                          f"in [{lo}, {hi}]")
+    check_range(name, int(value), lo=lo, hi=hi)
+
+
+def check_out(out, fmt: str) -> None:
+    """The folder a generate writes: new, or a folder holding nothing or a dataset of the same kind
+    (a drives folder is never written over a snapshot dataset, nor the other way round)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; give a folder (new, or one holding {WHAT[fmt]})")
+    file = out / "manifest.json"
+    if file.is_file():
+        try:
+            got = json.loads(file.read_text()).get("format")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            got = None
+        if got != fmt:
+            raise ConfigError(f"--out {str(out)!r} already holds a dataset of format {got!r}; {WHAT[fmt]} "
+                              f"({fmt!r}) would replace its manifest: give another folder, or remove it first")
 
 
 def split_counts(n: int, families) -> dict:
@@ -226,6 +255,7 @@ class Part:
     inside it): a shard of `count` scenes, or one drive of `count` cycles."""
     file: str
     count: int
+    sha256: dict | None = None      # drives: {"safetensors": hex, "json": hex} of its two files
 
 
 @dataclass(frozen=True)
@@ -257,9 +287,31 @@ class DatasetManifest:
             parts = []
             for i, part in enumerate(entry(key, list)):
                 t = Table(part, where, f"splits.{split}.{key}[{i}].")
-                parts.append(Part(_inside(root, t("file", str), where, t.prefix), t(size, int)))
+                file, count = _inside(root, t("file", str), where, t.prefix), t(size, int)
+                parts.append(Part(file, count, _shard_hashes(t, where, fmt)))
+            if fmt == DRIVE_FORMAT and entry("count", int) != len(parts):
+                raise ConfigError(f"{where}: field 'splits.{split}.count' = {entry('count', int)} but "
+                                  f"'splits.{split}.drives' lists {len(parts)}; regenerate it with `{MAKE[fmt]}`")
             splits[split], counts[split] = tuple(parts), entry("count", int)
         return cls(Path(root), fmt, splits, counts)
+
+
+def _shard_hashes(t: Table, where: str, fmt: str) -> dict | None:
+    """A drive entry's {"safetensors": sha256, "json": sha256} (required: drives are checked whole)."""
+    if fmt != DRIVE_FORMAT:
+        return None
+    if "sha256" not in t.data:
+        raise ConfigError(f"{where}: field '{t.prefix}sha256' is missing: this drives folder was written by "
+                          f"an older specdrive, before each drive's files were hashed; regenerate it with "
+                          f"`{MAKE[fmt]}` (the same seed gives the same drives)")
+    sha = t.table("sha256")
+    out = {}
+    for ext in SHARD_FILES:
+        value = sha(ext, str)
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ConfigError(f"{where}: field '{sha.prefix}{ext}' = {value!r} is not a sha256 (64 hex digits)")
+        out[ext] = value
+    return out
 
 
 def _inside(root: Path, file: str, where: str, field: str) -> str:
@@ -301,14 +353,11 @@ class DriveConfig:
     workers: int = 1
 
     def __post_init__(self):
-        if not isinstance(self.drives, int) or self.drives <= 0:
-            raise ConfigError(f"drives={self.drives!r} must be a positive number of drives")
-        if not 0.1 <= float(self.seconds) <= MAX_DRIVE_SECONDS:
-            raise ConfigError(f"seconds={self.seconds!r}: a drive lasts 0.1 .. {MAX_DRIVE_SECONDS} s")
-        if self.workers < 1:
-            raise ConfigError(f"workers={self.workers!r} must be at least 1")
-        if not 0 <= self.seed < 2 ** 32:
-            raise ConfigError(f"seed={self.seed!r} is out of range; allowed [0, 2**32)")
+        check_int("drives", self.drives, 1, MAX_DRIVES, "drives")
+        check_range("seconds", self.seconds, lo=DT, hi=MAX_DRIVE_SECONDS)     # at least one 0.1 s cycle
+        check_int("workers", self.workers, 1, MAX_WORKERS)
+        check_int("seed", self.seed, 0, 2 ** 32 - 1)
+        check_out(self.out, DRIVE_FORMAT)
         if self.split is not None and self.split not in SPLITS:
             raise ConfigError(f"split={self.split!r} unknown; allowed: {', '.join(SPLITS)}")
         object.__setattr__(self, "families", check_families(self.families))
@@ -373,7 +422,20 @@ def _write_drive(job) -> dict:
     text = {"format": DRIVE_FORMAT, "split": split, "index": i, "seed": seed, "family": drive.family,
             "seconds": drive.seconds, "cycles": [_labels(s) for s in drive.cycles]}
     (Path(cfg.out) / f"{name}.json").write_text(json.dumps(text, sort_keys=True, separators=(",", ":")) + "\n")
-    return {"split": split, "file": name, "family": drive.family, "cycles": len(drive.cycles), "seed": seed}
+    sha = {ext: file_sha256(Path(cfg.out) / f"{name}.{ext}") for ext in SHARD_FILES}
+    return {"split": split, "file": name, "family": drive.family, "cycles": len(drive.cycles), "seed": seed,
+            "sha256": sha}
+
+
+SHARD_FILES = ("safetensors", "json")     # the two files of a drive shard, each hashed in manifest.json
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _no_pixels(scene: Scene) -> Scene:
@@ -396,18 +458,9 @@ class DriveDataset:
     def __getitem__(self, i: int) -> Drive:
         if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self):
             raise IndexError(f"drive {i!r} is out of range for split {self.split!r}; allowed 0..{len(self) - 1}")
-        file = self.root / self.entries[i].file
-        try:
-            labels = json.loads(file.with_suffix(".json").read_text())
-            with safe_open(str(file.with_suffix(".safetensors")), framework="numpy") as f:
-                arrays = {k: f.get_tensor(k) for k in f.keys()}
-                fmt = (f.metadata() or {}).get("format")
-        except Exception as e:           # truncated or foreign files: say which and what to do
-            raise ConfigError(f"drive shard {file} is unreadable ({type(e).__name__}: {e}); "
-                              "regenerate it with `specdrive scenes generate --drives N`") from None
-        if fmt != DRIVE_FORMAT or labels.get("format") != DRIVE_FORMAT:
-            raise ConfigError(f"drive shard {file} is of format {fmt or labels.get('format')!r}; "
-                              f"this specdrive reads {DRIVE_FORMAT!r}")
+        entry = self.entries[i]
+        file = self.root / entry.file
+        labels, arrays = read_drive_shard(file, entry)
         where = {int(n): j for j, n in enumerate(arrays["frame_steps"])}
         cycles = []
         for c, (lab, n) in enumerate(zip(labels["cycles"], arrays["steps"])):
@@ -422,6 +475,119 @@ class DriveDataset:
                                 ids=np.stack([arrays["ids"][j] for j in frames], axis=1).astype(np.int16)))
         return Drive(labels["seed"], self.split, labels["family"], labels["seconds"], cycles,
                      arrays["ego_world"], arrays["steps"])
+
+    def check(self) -> None:
+        """Read and check every drive of the split (ConfigError on the first bad one)."""
+        for entry in self.entries:
+            read_drive_shard(self.root / entry.file, entry)
+
+
+# a drive shard's label fields: name -> JSON type (float: a finite number, never a bool)
+CYCLE_FIELDS = {"coc": str, "coc_routine": list, "family": str, "cause": (int, type(None)), "decision": str,
+                "agents": list, "seed": int, "cause_kind": str, "cause_facts": dict, "cycle": int, "time": float,
+                "unseen_family": bool, "roads": list, "paint": list}
+RESTAMP = "regenerate it with `specdrive scenes generate --drives N`"
+
+
+def read_drive_shard(file: Path, entry: Part) -> tuple[dict, dict]:
+    """(labels, arrays) of one drive shard, checked whole against its manifest entry: both files'
+    sha256, the format of each, every label field's type, every array's name, dtype and shape,
+    cycles = label cycles = array rows, times finite and increasing in steps of DT and on the
+    grid's time of each step, every frame a cycle needs present. ConfigError names the file and
+    the field."""
+    paths = {ext: file.with_name(file.name + "." + ext) for ext in SHARD_FILES}
+    for ext, path in paths.items():
+        if not path.is_file():
+            raise ConfigError(f"drive shard {path} is missing; {RESTAMP}")
+        got = file_sha256(path)
+        if entry.sha256 is not None and got != entry.sha256[ext]:
+            raise ConfigError(f"drive shard {path}: sha256 {got[:16]}... differs from the manifest's "
+                              f"field 'sha256.{ext}' ({entry.sha256[ext][:16]}...): the file was changed or "
+                              f"belongs to another folder; {RESTAMP}")
+    try:
+        labels = json.loads(paths["json"].read_text())
+        with safe_open(str(paths["safetensors"]), framework="numpy") as f:
+            arrays = {k: f.get_tensor(k) for k in f.keys()}
+            fmt = (f.metadata() or {}).get("format")
+    except Exception as e:           # truncated or foreign files: say which and what to do
+        raise ConfigError(f"drive shard {file} is unreadable ({type(e).__name__}: {e}); {RESTAMP}") from None
+    if fmt != DRIVE_FORMAT:
+        raise ConfigError(f"drive shard {paths['safetensors']}: metadata field 'format' = {fmt!r}; this "
+                          f"specdrive reads {DRIVE_FORMAT!r}; {RESTAMP}")
+    where = str(paths["json"])
+    got = labels.get("format") if isinstance(labels, dict) else None
+    if got != DRIVE_FORMAT:
+        raise ConfigError(f"{where}: field 'format' = {got!r}" + ("" if isinstance(labels, dict) else
+                          f" (the file is a {type(labels).__name__}, not a table)") +
+                          f"; this specdrive reads {DRIVE_FORMAT!r}; {RESTAMP}")
+    t = Table(labels, where)
+    t("seed", int), t("family", str), _finite(t, "seconds")
+    rows = t("cycles", list)
+    for c, row in enumerate(rows):
+        r = Table(row, where, f"cycles[{c}].")
+        for name, kind in CYCLE_FIELDS.items():
+            _finite(r, name) if kind is float else r(name, kind)
+    n = entry.count
+    if len(rows) != n:
+        raise ConfigError(f"{where}: field 'cycles' holds {len(rows)} cycles, the manifest's entry "
+                          f"{entry.file!r} says {n}; {RESTAMP}")
+    _check_arrays(paths["safetensors"], arrays, n)
+    steps = arrays["steps"].astype(np.int64)
+    times = np.array([row["time"] for row in rows], dtype=np.float64)
+    if n > 1 and not (np.diff(steps) == 1).all():
+        raise ConfigError(f"{paths['safetensors']}: array 'steps' is not one grid step per cycle, increasing; "
+                          f"{RESTAMP}")
+    if not np.allclose(times, TIMES[steps], atol=1e-6):
+        c = int(np.argmax(~np.isclose(times, TIMES[steps], atol=1e-6)))
+        raise ConfigError(f"{where}: field 'cycles[{c}].time' = {float(times[c])!r} is not the time of its grid step "
+                          f"{int(steps[c])} ({TIMES[steps[c]]:.3f} s): times must increase by {DT} s a cycle; "
+                          f"{RESTAMP}")
+    frames = set(int(x) for x in arrays["frame_steps"])
+    need = sorted({int(s) - k for s in steps for k in FRAME_OFFSETS} - frames)
+    if need or not (np.diff(arrays["frame_steps"]) > 0).all():
+        raise ConfigError(f"{paths['safetensors']}: array 'frame_steps' " + (
+            f"lacks the grid steps {need[:4]} that cycles need" if need else "is not increasing") + f"; {RESTAMP}")
+    return labels, arrays
+
+
+def _finite(t: Table, name: str) -> float:
+    value = t(name, float)
+    if not math.isfinite(value):
+        raise ConfigError(f"{t.where}: field {t.prefix + name!r} = {value!r} is not a finite number; {RESTAMP}")
+    return value
+
+
+def _check_arrays(path: Path, arrays: dict, n: int) -> None:
+    """Every array of a drive shard by name, dtype and shape (n cycles, F frames, the cameras and
+    image size of this world)."""
+    cams = len(CAMERAS)
+    f = arrays["frame_steps"].shape[0] if "frame_steps" in arrays and arrays["frame_steps"].ndim == 1 else None
+    want = {"images": (np.uint8, (f, cams, IMAGE_H, IMAGE_W, 3)), "ids": (np.int8, (f, cams, IMAGE_H, IMAGE_W)),
+            "frame_steps": (np.int32, (f,)), "steps": (np.int32, (n,)), "ego_world": (np.float32, (N_STEPS, 3)),
+            "history": (np.float32, (n, HIST_POSES, 3)), "future": (np.float32, (n, FUT_WAYPOINTS, 3)),
+            "agent_poses": (np.float32, (n, MAX_AGENTS, 80, 3)), "agent_count": (np.int32, (n,))}
+    names = sorted(arrays)
+    if set(names) != set(want):
+        missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
+        raise ConfigError(f"{path}: arrays {names}; " + (f"missing {missing}" if missing else "") +
+                          (", " if missing and extra else "") + (f"unknown {extra}" if extra else "") +
+                          f"; a drive shard holds exactly {sorted(want)}; {RESTAMP}")
+    for name, (dtype, shape) in want.items():
+        a = arrays[name]
+        if a.dtype != dtype or a.shape != shape:
+            raise ConfigError(f"{path}: array {name!r} is {a.dtype} {tuple(a.shape)}, expected {np.dtype(dtype)} "
+                              f"{shape} ({n} cycles in the manifest); {RESTAMP}")
+    count = arrays["agent_count"]
+    if ((count < 0) | (count > MAX_AGENTS)).any():
+        raise ConfigError(f"{path}: array 'agent_count' has values outside [0, {MAX_AGENTS}]; {RESTAMP}")
+    steps = arrays["steps"].astype(np.int64)
+    lo = HIST_POSES - 1 + max(FRAME_OFFSETS)
+    if n and (steps.min() < lo or steps.max() + FUT_WAYPOINTS >= N_STEPS):
+        raise ConfigError(f"{path}: array 'steps' leaves the time grid; allowed {lo}..{N_STEPS - 1 - FUT_WAYPOINTS}; "
+                          f"{RESTAMP}")
+    for name in ("history", "future", "ego_world"):
+        if not np.isfinite(arrays[name]).all():
+            raise ConfigError(f"{path}: array {name!r} holds values that are not finite; {RESTAMP}")
 
 
 def load_drives(root, split: str = "test") -> DriveDataset:

@@ -32,8 +32,18 @@ def test_show_writes_a_png(dataset, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate", "--out", "{tmp}/x", "--n", "0"], "n=0 must be a positive"),
-    (["generate", "--out", "{tmp}/x", "--n", "-3"], "n=-3 must be a positive"),
+    (["generate", "--out", "{tmp}/x", "--n", "0"], r"n=0 is out of range; allowed \[1, 1000000\]"),
+    (["generate", "--out", "{tmp}/x", "--n", "-3"], r"n=-3 is out of range; allowed \[1, "),
+    (["generate", "--out", "{tmp}/x", "--drives", "10001"], r"drives=10001 is out of range; allowed \[1, 10000\]"),
+    (["generate", "--out", "{tmp}/x", "--drives", "1", "--seconds", "0.05"], r"seconds=0.05 is out of range; "
+     r"allowed \[0.1, 12.0\]"),
+    (["generate", "--out", "{tmp}/x", "--drives", "1", "--seed", "-1"], r"seed=-1 is out of range; allowed "
+     r"\[0, 4294967295\]"),
+    (["generate", "--out", "{tmp}/x", "--n", "4", "--shard-size", "0"], r"shard_size=0 is out of range; allowed "
+     r"\[1, 65536\]"),
+    (["generate", "--out", "{data}/manifest.json", "--drives", "1"], "is a file; give a folder"),
+    (["generate", "--out", "{data}", "--drives", "1"], "already holds a dataset of format 'specdrive-scenes-v2'; "
+     "drives"),
     (["generate", "--out", "{tmp}/x", "--n", "4", "--families", "follow,drift"], "unknown family 'drift'; allowed: "),
     (["generate", "--out", "{tmp}/x", "--n", "4", "--workers", "0"], "workers=0"),
     (["show", "{tmp}/missing", "--out", "{tmp}/a.png"], "does not exist"),

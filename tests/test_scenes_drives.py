@@ -105,6 +105,10 @@ def test_truncated_or_foreign_shards_are_refused(shards, tmp_path):
     shutil.copytree(shards / "a", root)
     f = root / "test" / "drive-00000.safetensors"
     f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    with pytest.raises(ConfigError, match="drive shard .*drive-00000.safetensors: sha256 .* differs from the "
+                                          "manifest's field 'sha256.safetensors'"):
+        load_drives(root, "test")[0]
+    restamp(root)                         # the manifest rewritten to the cut file: still unreadable
     with pytest.raises(ConfigError, match="drive shard .* is unreadable"):
         load_drives(root, "test")[0]
     manifest = root / "manifest.json"
@@ -201,3 +205,141 @@ def test_a_named_cause_does_not_flicker_between_cycles():
             flickers += sum(1 for n in range(1, len(causes)) if causes[n - 1] is not None
                             and causes[n] != causes[n - 1] and causes[n - 1] in causes[n + 1: n + 11])
     assert named > 300 and flickers == 0, (named, flickers)
+
+
+def restamp(root):
+    """Rewrite a drives manifest's sha256 to the files as they are now (what a forger would do)."""
+    from scenes.dataset import file_sha256
+
+    manifest = root / "manifest.json"
+    m = json.loads(manifest.read_text())
+    for entries in m["splits"].values():
+        for e in entries["drives"]:
+            e["sha256"] = {ext: file_sha256(root / f"{e['file']}.{ext}") for ext in ("safetensors", "json")}
+    manifest.write_text(json.dumps(m))
+
+
+def edit_labels(change):
+    def edit(root):
+        f = root / "test" / "drive-00000.json"
+        labels = json.loads(f.read_text())
+        f.write_text(json.dumps(change(labels)))
+    return edit
+
+
+def edit_arrays(change):
+    def edit(root):
+        from safetensors.numpy import load_file, save_file
+
+        f = root / "test" / "drive-00000.safetensors"
+        arrays = load_file(str(f))
+        change(arrays)
+        save_file(arrays, str(f), metadata={"format": "specdrive-drives-v2"})
+    return edit
+
+
+def set_cycle(c, key, value):
+    def change(labels):
+        labels["cycles"][c][key] = value
+        return labels
+    return change
+
+
+def inverted(arrays):
+    arrays["images"] = 255 - arrays["images"]
+
+
+SHARD_DAMAGE = {   # name -> (edit of the copied folder, what the error says)
+    "labels cut to 5 cycles": (edit_labels(lambda d: {**d, "cycles": d["cycles"][:5]}),
+                               r"field 'cycles' holds 5 cycles, the manifest's entry 'test/drive-00000' says 15"),
+    "labels extended": (edit_labels(lambda d: {**d, "cycles": d["cycles"] + d["cycles"][-1:]}),
+                        r"field 'cycles' holds 16 cycles, .* says 15"),
+    "labels a list": (edit_labels(lambda d: d["cycles"]), r"field 'format' = None \(the file is a list"),
+    "a label field missing": (edit_labels(lambda d: {**d, "cycles": [{k: v for k, v in c.items() if k != "coc"}
+                                                                      for c in d["cycles"]]}),
+                              r"field 'cycles\[0\].coc' is missing"),
+    "another labels version": (edit_labels(lambda d: {**d, "format": "specdrive-drives-v1"}),
+                               r"drive-00000.json: field 'format' = 'specdrive-drives-v1'; this specdrive reads "
+                               r"'specdrive-drives-v2'"),
+    "a time as text": (edit_labels(set_cycle(2, "time", "1.0")), r"field 'cycles\[2\].time' = '1.0' is not float"),
+    "a time as a bool": (edit_labels(set_cycle(2, "time", True)), r"field 'cycles\[2\].time' = True is not float"),
+    "a time of 1e303": (edit_labels(set_cycle(2, "time", 1e303)),
+                        r"field 'cycles\[2\].time' = 1e\+303 is not the time of its grid step"),
+    "a time not finite": (edit_labels(set_cycle(2, "time", float("nan"))),
+                          r"field 'cycles\[2\].time' = nan is not a finite number"),
+    "times out of order": (edit_labels(lambda d: {**d, "cycles": [d["cycles"][1], d["cycles"][0], *d["cycles"][2:]]}),
+                           r"field 'cycles\[0\].time' = .* is not the time of its grid step"),
+    "an array missing": (edit_arrays(lambda a: a.pop("ids")), r"missing \['ids'\]"),
+    "an array of another dtype": (edit_arrays(lambda a: a.update(history=a["history"].astype(np.float64))),
+                                  r"array 'history' is float64 \(15, 16, 3\), expected float32 \(15, 16, 3\)"),
+    "array rows cut": (edit_arrays(lambda a: a.update(steps=a["steps"][:5])),
+                       r"array 'steps' is int32 \(5,\), expected int32 \(15,\)"),
+    "a frame missing": (edit_arrays(lambda a: a.update(frame_steps=a["frame_steps"] + 1000)),
+                        r"array 'frame_steps' lacks the grid steps"),
+    "pixels inverted, restamped": (edit_arrays(inverted), None),      # only a pinned fingerprint tells
+}
+
+
+@pytest.mark.parametrize("name", list(SHARD_DAMAGE))
+def test_a_drive_shard_is_checked_whole(shards, tmp_path, name):
+    """Each damage is refused twice: by the manifest's sha256 as it is, and, once the manifest is
+    rewritten to the damaged files, by the check of what the files hold (naming file and field)."""
+    import shutil
+
+    edit, says = SHARD_DAMAGE[name]
+    root = tmp_path / "d"
+    shutil.copytree(shards / "a", root)
+    load_drives(root, "test").check()                       # the copy itself is sound
+    edit(root)
+    with pytest.raises(ConfigError, match=r"drive-00000\.(json|safetensors): sha256 .* differs from the manifest"):
+        load_drives(root, "test").check()
+    restamp(root)
+    if says is None:
+        load_drives(root, "test").check()
+        return
+    with pytest.raises(ConfigError, match=says):
+        load_drives(root, "test").check()
+    with pytest.raises(ConfigError, match=says):
+        load_drives(root, "test")[0]
+
+
+def test_a_drives_folder_without_hashes_is_refused_saying_regenerate(shards, tmp_path):
+    import shutil
+
+    root = tmp_path / "d"
+    shutil.copytree(shards / "a", root)
+    m = json.loads((root / "manifest.json").read_text())
+    for e in m["splits"]["test"]["drives"]:
+        del e["sha256"]
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match=r"'splits.test.drives\[0\].sha256' is missing: .* older specdrive.*"
+                                          "regenerate it with `specdrive scenes generate --drives N`"):
+        load_drives(root, "test")
+    m["splits"]["test"]["count"] = 3
+    for e in m["splits"]["test"]["drives"]:
+        e["sha256"] = {"safetensors": "0" * 64, "json": "0" * 64}
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match=r"'splits.test.count' = 3 but 'splits.test.drives' lists 2"):
+        load_drives(root, "test")
+
+
+def test_generate_refuses_a_file_another_dataset_and_values_out_of_range(tmp_path):
+    from scenes.dataset import GenerateConfig
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file; give a folder"):
+        DriveConfig(str(tmp_path / "f"), 1, 1.0)
+    with pytest.raises(ConfigError, match="is a file; give a folder"):
+        GenerateConfig(str(tmp_path / "f"), 4)
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "manifest.json").write_text(json.dumps({"format": "specdrive-scenes-v2"}))
+    with pytest.raises(ConfigError, match="already holds a dataset of format 'specdrive-scenes-v2'; drives"):
+        DriveConfig(str(snap), 1, 1.0)
+    for kwargs, says in [({"drives": 10_001}, r"drives=10001 is out of range; allowed \[1, 10000\]"),
+                         ({"drives": 0}, r"allowed \[1, 10000\]"),
+                         ({"seconds": 0.05}, r"seconds=0.05 is out of range; allowed \[0.1, 12.0\]"),
+                         ({"seed": -1}, r"seed=-1 is out of range; allowed \[0, 4294967295\]"),
+                         ({"workers": 0}, r"workers=0 is out of range; allowed \[1, 256\]")]:
+        with pytest.raises(ConfigError, match=says):
+            DriveConfig(**{"out": str(tmp_path / "new"), "drives": 1, "seconds": 1.0, **kwargs})
