@@ -66,7 +66,7 @@ def test_bench_drives_runs_every_mode_and_checks_every_cycle(preset, drives, tmp
     assert out.with_suffix(".md").is_file()
 
 
-@pytest.mark.parametrize("damage,word", [("truncate", "unreadable"), ("version", "world version")])
+@pytest.mark.parametrize("damage,word", [("truncate", "differs from the manifest"), ("version", "world version")])
 def test_a_bad_drive_folder_exits_2_naming_it(preset, drives, tmp_path, capsys, damage, word):  # noqa: F811
     bad = tmp_path / "bad"
     shutil.copytree(drives, bad)
@@ -95,3 +95,45 @@ def test_modes_picks_the_modes_and_keeps_plain(preset, drives, tmp_path, capsys)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "warp" in err and "spec+vision+lookup" in err, err
+
+
+def test_a_mode_with_no_successful_cycle_prints_a_dash_and_says_why(preset, drives, tmp_path, capsys):  # noqa: F811
+    """Every cycle's history jumps 80 m (the planner refuses it as input): the run ends, exit 0,
+    the JSON is written, and the table prints "-" where a number would need a successful cycle."""
+    from safetensors.numpy import load_file, save_file
+    from scenes.dataset import file_sha256
+
+    bad = tmp_path / "bad"
+    shutil.copytree(drives, bad)
+    shard = next(bad.glob("test/*.safetensors"))
+    arrays = load_file(str(shard))
+    arrays["history"][:, :4, 0] -= 80.0
+    save_file(arrays, str(shard), metadata={"format": "specdrive-drives-v2"})
+    manifest = json.loads((bad / "manifest.json").read_text())
+    for e in manifest["splits"]["test"]["drives"]:
+        e["sha256"]["safetensors"] = file_sha256(bad / f"{e['file']}.safetensors")
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "r.json"
+    assert bench.main(args(preset, bad, out) + ["--modes", "spec"]) == 0
+    text = capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    for m in rec["modes"]:
+        assert m["ok_cycles"] == 0 and m["cycle_speedup_p50"] is None and m["failed"].startswith(
+            f"no successful cycle of {CYCLES}"), m
+        row = next(line for line in text.splitlines() if line.startswith(m["name"] + " "))
+        assert row.split()[1:4] == ["-", "-", "-"], row
+        assert f"{m['name']}: - where no number can be given: no successful cycle of {CYCLES}" in text
+    assert "input" in rec["modes"][0]["failed"] or "history" in rec["modes"][0]["failed"], rec["modes"][0]["failed"]
+
+
+@pytest.mark.parametrize("where", ["folder", "under a file", "md is a folder"])
+def test_json_that_cannot_be_written_exits_2_before_the_run(preset, drives, tmp_path, capsys, where):  # noqa: F811
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "r.md").mkdir()
+    out = {"folder": tmp_path, "under a file": tmp_path / "f" / "r.json", "md is a folder": tmp_path / "r.json"}[where]
+    with pytest.raises(SystemExit) as e:
+        bench.main(args(preset, drives, out))
+    assert e.value.code == 2
+    err = capsys.readouterr()
+    assert ("is a folder" in err.err or "is a file, not a folder" in err.err), err.err
+    assert "drive cycles" not in err.err        # no cycle ran

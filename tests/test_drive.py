@@ -159,7 +159,7 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
 
     with pytest.raises(SystemExit) as e:
         main(["drive", "--drives", "-3", "--out", str(tmp_path / "o")])
-    assert e.value.code == 2 and ">= 1" in capsys.readouterr().err
+    assert e.value.code == 2 and "count 1..10000" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["drive", "--drives", "1", "--latency", "mars:edge-2b", "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and "orin-agx-64" in capsys.readouterr().err
@@ -168,7 +168,42 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
     shard.write_bytes(shard.read_bytes()[:200])
     with pytest.raises(SystemExit) as e:
         main(["drive", "--drives", str(tmp_path / "d"), "--out", str(tmp_path / "o")])
-    assert e.value.code == 2 and "unreadable" in capsys.readouterr().err
+    assert e.value.code == 2 and "differs from the manifest's field 'sha256.safetensors'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arg, value, says", [
+    ("--seconds", "0.05", "allowed 0.1..12 s (at least one 0.1 s cycle)"),
+    ("--seconds", "0", "allowed 0.1..12 s"),
+    ("--seconds", "nan", "allowed 0.1..12 s"),
+    ("--seconds", "13", "allowed 0.1..12 s"),
+    ("--seed", str(2 ** 32), "allowed 0..4294967295"),
+    ("--drives", "10001", "count 1..10000"),
+    ("--threads", "1000", "allowed 0..256"),
+    ("--gifs", "-1", "allowed 0..10000"),
+    ("--budget-ms", "1e9", "ms, 0..60000"),
+    ("--latency", "measured,measured", "names measured more than once"),
+])
+def test_every_number_of_drive_has_a_range_that_says_its_bounds(tmp_path, capsys, arg, value, says):
+    from tools.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["drive", "--drives", "1", arg, value, "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()            # refused before anything ran or was written
+
+
+def test_a_drive_shorter_than_one_tick_is_refused_and_one_tick_is_one_cycle():
+    from bench.closed_loop.loop import drive_cases
+
+    for seconds in (0.0, 0.05, 0.099):
+        with pytest.raises(ConfigError, match=r"--seconds .* is out of range; allowed \[0.1, 12\]"):
+            drive_cases(1, "test", seconds)
+    for seconds, cycles in ((0.1, 1), (0.3, 3), (None, 80)):
+        case = drive_cases(1, "test", seconds)[0]
+        assert case.last - case.first + 1 == cycles, (seconds, case.first, case.last)
+    with pytest.raises(ConfigError, match=r"seeds must stay in \[0, 2\*\*32 - 1\]"):
+        drive_cases(2, "test", 0.1, seed=2 ** 32 - 1)
 
 
 # --- the simulated latency on the shipped checkpoint ----------------------------------------------

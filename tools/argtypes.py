@@ -11,17 +11,22 @@ from runtime.artifacts import ModelSource
 from runtime.backend import BACKENDS
 
 
-def count(lo: int = 0):
-    """An int >= lo (threads, warm-up cycles, pictures)."""
+def count(lo: int = 0, hi: int | None = None):
+    """An int >= lo (and <= hi where given: threads, warm-up cycles, pictures)."""
+    allowed = f">= {lo}" if hi is None else f"{lo}..{hi}"
+
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if n < lo:
-            raise argparse.ArgumentTypeError(f"{n} is out of range; allowed >= {lo}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; allowed {allowed}") from None
+        if n < lo or (hi is not None and n > hi):
+            raise argparse.ArgumentTypeError(f"{n} is out of range; allowed {allowed}")
         return n
     return parse
+
+
+MAX_THREADS = 256
 
 
 def finite_ms(text: str) -> float:
@@ -83,6 +88,8 @@ def add_source_args(p: argparse.ArgumentParser, checkpoint_help: str = "checkpoi
     src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
     src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
     p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (with --preset)")
+    p.add_argument("--expect-fingerprint", metavar="SHA256", help="the folder's pinned fingerprint (64 hex, as "
+                   "printed at start): a folder that differs is refused (exit 2)")
     p.add_argument("--backend", default=None, choices=list(BACKENDS))
 
 
@@ -91,7 +98,8 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     --threads (ModelSource checks that --preset comes with --random-init)."""
     return ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
                        random_init=args.random_init, backend=args.backend, draft=getattr(args, "draft", None),
-                       device=args.device, eager=args.eager, threads=args.threads)
+                       device=args.device, eager=args.eager, threads=args.threads,
+                       expect_fingerprint=getattr(args, "expect_fingerprint", None))
 
 
 def config_of(cls, args: argparse.Namespace):

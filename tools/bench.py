@@ -22,7 +22,8 @@ from bench.whole_drives import command as whole_drives
 from bench.whole_drives.command import DrivesRun
 from bench.whole_drives.measure import DriveBenchConfig
 from prompt.config import ConfigError
-from tools.argtypes import add_source_args, count, int_list, model_source
+from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
+from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, model_source, out_file
 
 
 def add_parser(subparsers) -> None:
@@ -51,17 +52,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=float, default=None, help="cycles longer than this count as "
                    "deadline misses (default: the profile's budget_ms)")
     p.add_argument("--max-reasoning", type=int, default=None, help="reasoning tokens per cycle at most")
-    p.add_argument("--threads", type=count(0), default=1, help="torch CPU threads of this process (0 = torch's "
+    p.add_argument("--threads", type=count(0, MAX_THREADS), default=1, help="torch CPU threads of this process (0 = torch's "
                    "default); 1 keeps timings steady on a shared machine")
-    p.add_argument("--json", type=Path, required=True, help="where the bench record goes")
-    p.add_argument("--plot", type=Path, help="speedup plot (default: OUT with .png)")
-    p.add_argument("--accept-plot", type=Path, help="where-accepted picture (default: OUT_accept.png)")
+    p.add_argument("--json", type=out_file, required=True, help="where the bench record goes")
+    p.add_argument("--plot", type=out_file, help="speedup plot (default: OUT with .png)")
+    p.add_argument("--accept-plot", type=out_file, help="where-accepted picture (default: OUT_accept.png)")
     p.add_argument("--picture-scene", type=int, default=0, help="scene index of the where-accepted picture")
     p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
                    "through plain, speculative and reuse modes instead of snapshots (bench/whole_drives/)")
-    p.add_argument("--drive-count", type=int, default=4, help="drives of the split to run (--drives; default 4)")
-    p.add_argument("--cycles", type=int, default=0, help="cycles per drive at most (--drives; default 0 = whole "
+    p.add_argument("--drive-count", type=count(1, MAX_DRIVES), default=4, help="drives of the split to run (--drives; default 4)")
+    p.add_argument("--cycles", type=count(0, round(MAX_DRIVE_SECONDS / DT)), default=0, help="cycles per drive at most (--drives; default 0 = whole "
                    "drives: 3 s of a drive can end before its event)")
+    p.add_argument("--expect-drives-fingerprint", metavar="SHA256", help="the --drives folder's pinned fingerprint")
     p.add_argument("--modes", help="comma list of drive modes to run besides plain (--drives; default all: "
                    "plain+vision, spec, spec+vision, spec+vision+lookup)")
     p.set_defaults(run=run)
@@ -89,7 +91,8 @@ def drives_run(args: argparse.Namespace) -> DrivesRun:
                                max_reasoning_tokens=args.max_reasoning,
                                modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None)
     return DrivesRun(source=model_source(args), drives_dir=args.drives, measure=measure, json=args.json,
-                     drafts=args.drafts, profile=args.profile, threads=args.threads, command=command_line(args))
+                     drafts=args.drafts, profile=args.profile, threads=args.threads, command=command_line(args),
+                     expect_drives_fingerprint=args.expect_drives_fingerprint)
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -12,9 +12,10 @@ from bench.closed_loop.gif import draw_case
 from bench.closed_loop.latency import parse_latency
 from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
 from bench.closed_loop.report import table
-from bench.common.sources import default_tokenizer
+from bench.common.sources import announce_fingerprints, default_tokenizer
 from bench.common.threads import torch_threads
 from runtime.artifacts import ModelSource, open_backend
+from prompt.config import ConfigError
 from runtime.config import PlannerConfig, load_planner_config
 
 
@@ -35,14 +36,18 @@ class ClosedLoopRun:
     threads: int = 1
     gifs: int = 20                  # GIFs of the first N drives
     quiet: bool = False             # no progress bars
+    expect_fingerprint: str | None = None           # the checkpoint folder's pinned fingerprint
+    expect_drives_fingerprint: str | None = None    # the drives folder's (when --drives is a folder)
 
 
-def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget_ms: float) -> tuple:
+def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget_ms: float,
+                  expect_fingerprint: str | None = None) -> tuple:
     """(tokenizer, {"plain": backend without a draft, "flat": the shipped flat draft})."""
     kinds = {"flat" if mode_config(cfg, m, budget_ms).spec.k > 0 else "plain" for m in modes}
     out, tok = {}, None
     for kind in sorted(kinds):
-        src = ModelSource(checkpoint=Path(checkpoint), draft="none" if kind == "plain" else "flat")
+        src = ModelSource(checkpoint=Path(checkpoint), draft="none" if kind == "plain" else "flat",
+                          expect_fingerprint=expect_fingerprint)
         out[kind], tok = open_backend(src, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
     return tok, out
 
@@ -52,10 +57,19 @@ def run(setup: ClosedLoopRun) -> int:
     base = load_planner_config(setup.profile)
     modes = parse_modes(setup.modes)
     latencies = [parse_latency(s, base) for s in setup.latency.split(",")]
+    twice = sorted({lat.label for lat in latencies if [x.label for x in latencies].count(lat.label) > 1})
+    if twice:
+        raise ConfigError(f"--latency {setup.latency!r} names {', '.join(twice)} more than once; each spec writes "
+                          "its own folder under --out: name each once")
     budgets = parse_budgets(setup.budget_ms, len(latencies))
     configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
+    if setup.expect_drives_fingerprint is not None and not isinstance(setup.drives, Path):
+        raise ConfigError("--expect-drives-fingerprint pins a drives folder; --drives is a count of new drives")
+    announce_fingerprints(ModelSource(checkpoint=Path(setup.checkpoint), expect_fingerprint=setup.expect_fingerprint),
+                          base.fingerprint, setup.drives if isinstance(setup.drives, Path) else None,
+                          setup.expect_drives_fingerprint)
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
-    tok, backends = open_backends(setup.checkpoint, base, modes, budgets[0])
+    tok, backends = open_backends(setup.checkpoint, base, modes, budgets[0], setup.expect_fingerprint)
     for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
         out = Path(setup.out) / lat.label
         (out / "gif").mkdir(parents=True, exist_ok=True)

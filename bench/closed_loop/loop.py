@@ -42,6 +42,7 @@ MODES = {   # name -> PlannerConfig overrides
     "speculative+reuse+budget": {"budget": BUDGETED, "reuse": REUSE},
 }
 DEFAULT_BUDGET_MS = 250.0
+MAX_BUDGET_MS = 60_000.0
 TICK_MS = DT * 1e3
 
 
@@ -69,8 +70,9 @@ def parse_budgets(text, n: int) -> list[float]:
         values = [float(p) for p in parts]
     except ValueError:
         values = []
-    if not values or not all(math.isfinite(v) and v >= 0 for v in values) or len(values) not in (1, n):
-        raise ConfigError(f"--budget-ms {text!r}: give one budget (ms, finite >= 0) or one per --latency spec ({n})")
+    if not values or not all(math.isfinite(v) and 0 <= v <= MAX_BUDGET_MS for v in values) or len(values) not in (1, n):
+        raise ConfigError(f"--budget-ms {text!r}: give one budget (ms, 0..{MAX_BUDGET_MS:g}) or one per --latency "
+                          f"spec ({n})")
     return values * n if len(values) == 1 else values
 
 
@@ -151,8 +153,11 @@ def drive_cases(source, split: str, seconds: float | None, seed: int = 0) -> lis
     from scenes.config import MAX_DRIVE_SECONDS
     from scenes.dataset import load_drives
 
-    if seconds is not None and not 0 < seconds <= MAX_DRIVE_SECONDS:
-        raise ConfigError(f"--seconds {seconds!r} is out of range; allowed (0, {MAX_DRIVE_SECONDS:g}]")
+    if seconds is not None and not DT <= seconds <= MAX_DRIVE_SECONDS:     # below one tick: no cycle at all
+        raise ConfigError(f"--seconds {seconds!r} is out of range; allowed [{DT:g}, {MAX_DRIVE_SECONDS:g}] "
+                          f"(at least one {DT:g} s cycle)")
+    if isinstance(source, int) and not (1 <= source and 0 <= seed and seed + source <= 2 ** 32):
+        raise ConfigError(f"--drives {source} from --seed {seed}: seeds must stay in [0, 2**32 - 1]")
     out = []
     if isinstance(source, int):
         metas = [(seed + i, None, seconds or 8.0, None) for i in range(source)]
@@ -167,7 +172,7 @@ def drive_cases(source, split: str, seconds: float | None, seed: int = 0) -> lis
         if stored is not None and not np.allclose(d.ego_world, stored, atol=1e-4):
             raise ConfigError(f"drive seed {s}: the stored expert path differs from this world's; "
                               "regenerate the drives with `specdrive scenes generate --drives N`")
-        n = len(d.steps) if seconds is None else min(len(d.steps), int(round(seconds / DT)))
+        n = len(d.steps) if seconds is None else min(len(d.steps), max(int(round(seconds / DT)), 1))
         out.append(DriveCase(f"{d.family}-{d.seed}", int(d.seed), d.family, d.scenario, d.ego_world,
                              int(d.steps[0]), int(d.steps[n - 1])))
     return out

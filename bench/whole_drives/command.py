@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common.compared_backends import open_bench_backends
-from bench.common.sources import default_tokenizer
+from bench.common.sources import announce_fingerprints, default_tokenizer
 from bench.common.threads import torch_threads
-from bench.whole_drives.measure import DriveBenchConfig, load, run_drives, table, write
+from bench.whole_drives.measure import DriveBenchConfig, check_out, load, run_drives, table, write
 from runtime.artifacts import ModelSource
 from runtime.config import load_planner_config
 
@@ -24,10 +24,14 @@ class DrivesRun:
     profile: str = "cpu"
     threads: int = 1                # torch CPU threads (0 = torch's default)
     command: str = "specdrive bench"    # how to rerun it (the record's setup)
+    expect_drives_fingerprint: str | None = None    # the drives folder's pinned fingerprint
 
 
 def run(cfg: DrivesRun) -> int:
+    check_out(cfg.json)                                # where the record goes, before the work
     profile = load_planner_config(cfg.profile)
+    fingerprints = announce_fingerprints(cfg.source, profile.fingerprint, cfg.drives_dir,
+                                         cfg.expect_drives_fingerprint)
     drives = load(cfg.drives_dir, cfg.measure)         # a bad shard stops here, before any model loads
     tok, plain, drafts, source = open_bench_backends(cfg.source, cfg.drafts, profile.max_len, default_tokenizer)
     label = "flat" if "flat" in drafts and not cfg.drafts else next(iter(drafts))
@@ -37,7 +41,8 @@ def run(cfg: DrivesRun) -> int:
     finally:
         for be in {id(b): b for b in [plain, *drafts.values()]}.values():
             be.close()
-    record["setup"] = {"source": source, "draft": label, "backend": plain.name, "device": cfg.source.device,
+    record["setup"] = {"source": source, "fingerprints": fingerprints, "draft": label, "backend": plain.name,
+                       "device": cfg.source.device,
                        "profile": str(cfg.profile), "drives_dir": str(cfg.drives_dir), "threads": cfg.threads,
                        "command": cfg.command}
     write(cfg.json, record)

@@ -37,6 +37,7 @@ from bench.common.stats import latency
 SCHEMA = "specdrive-bench-drives/1"
 MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup")
 GOAL_SPEEDUP, GOAL_VISION_CUT = 2.5, 0.40      # issue 26's bar
+MAX_WARMUP = 100
 
 
 @dataclass(frozen=True)
@@ -50,17 +51,21 @@ class DriveBenchConfig:
     modes: tuple | None = None        # None: every mode (MODES); else these, plain always (the reference)
 
     def __post_init__(self):
+        from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
+
         if self.modes is not None:
             unknown = [m for m in self.modes if m not in MODES]
             if unknown or not self.modes:
                 raise ConfigError(f"--modes {','.join(self.modes)!r}: unknown {', '.join(unknown) or 'empty list'}; "
                                   f"allowed: {', '.join(MODES)}")
-        check_range("drives", self.drives, lo=1)
+        check_range("--drive-count", self.drives, lo=1, hi=MAX_DRIVES)
         if self.cycles is not None:
-            check_range("cycles", self.cycles, lo=1)
-        check_range("warmup", self.warmup, lo=0)
+            check_range("--cycles", self.cycles, lo=1, hi=round(MAX_DRIVE_SECONDS / DT))
+        check_range("--warmup", self.warmup, lo=0, hi=MAX_WARMUP)
         if self.k is not None:
             check_range("k", self.k, lo=1, hi=16)
+        if self.max_reasoning_tokens is not None:
+            check_range("--max-reasoning", self.max_reasoning_tokens, lo=1, hi=4096)
 
 
 @dataclass
@@ -182,20 +187,28 @@ def summarize(modes, log: dict, cfg: DriveBenchConfig) -> dict:
     plain = log["plain"]
     p50 = latency(r["total_ms"] for r in plain)["p50"]
     vision0 = latency(r["vision_ms"] for r in plain)["p50"]
-    out = [_mode(m.name, log[m.name], plain, p50, vision0) for m in modes]
+    plain_ok = any(r["error"] is None for r in plain)
+    out = [_mode(m.name, log[m.name], plain, p50 if plain_ok else None, vision0 if plain_ok else None) for m in modes]
     best = out[-1]
     goal = {"speedup": best["cycle_speedup_p50"], "speedup_goal": GOAL_SPEEDUP,
             "vision_cut": best["vision_cut"], "vision_cut_goal": GOAL_VISION_CUT,
             "identical_every_cycle": all(m["identical"]["equal"] == m["identical"]["cycles"] for m in out),
             "tau_lookup_over_model": _tau_ratio(out)}
-    goal["met"] = bool(goal["speedup"] >= GOAL_SPEEDUP and goal["vision_cut"] >= GOAL_VISION_CUT
+    goal["met"] = bool((goal["speedup"] or 0.0) >= GOAL_SPEEDUP and (goal["vision_cut"] or 0.0) >= GOAL_VISION_CUT
                        and goal["identical_every_cycle"] and (goal["tau_lookup_over_model"] or 0.0) > 1.0)
     cycles = [{k: v for k, v in r.items() if k not in ("trajectory", "reasoning_ids")} | {"mode": name}
               for name, rows in log.items() for r in rows]
     return {"schema": SCHEMA, "config": dataclasses.asdict(cfg), "modes": out, "goal": goal, "cycles": cycles}
 
 
-def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) -> dict:
+def _mode(name: str, rows: list, plain: list, plain_p50: float | None, vision0: float | None) -> dict:
+    """One mode's summary; its speedup and vision cut are None (printed "-") when it or plain
+    decoding had no successful cycle (then `failed` says why: the first error)."""
+    ok = [r for r in rows if r["error"] is None]
+    failed = None if ok else (f"no successful cycle of {len(rows)}" + (f"; the first error: {rows[0]['error']}"
+                                                                         if rows else ""))
+    if not ok:
+        plain_p50 = vision0 = None
     cyc, vis = latency(r["total_ms"] for r in rows), latency(r["vision_ms"] for r in rows)
     steps, emitted = sum(r["steps"] for r in rows), sum(r["emitted"] for r in rows)
     differ = [(r["drive"], r["cycle"]) for r, q in zip(rows, plain) if r["reasoning_ids"] != q["reasoning_ids"]]
@@ -208,10 +221,10 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) 
             **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]
                for k in ("prefill", "reasoning", "trajectory")},
             "vision_cut": round(1.0 - vis["p50"] / vision0, 4) if vision0 else None,
-            "cycle_speedup_p50": round(plain_p50 / cyc["p50"], 4) if cyc["p50"] else None,
+            "cycle_speedup_p50": round(plain_p50 / cyc["p50"], 4) if cyc["p50"] and plain_p50 else None,
             "tau": round(emitted / steps, 4) if steps else 0.0, **tot,
             "frames_reused_per_cycle": round(tot["reused"] / max(len(rows), 1), 3),
-            "errors": sum(r["error"] is not None for r in rows),
+            "errors": sum(r["error"] is not None for r in rows), "ok_cycles": len(ok), "failed": failed,
             "identical": {"cycles": len(rows), "equal": len(rows) - len(differ), "differing": differ[:20]},
             "trajectory_max_diff_m": round(max(diffs), 6) if diffs else None}
 
@@ -241,18 +254,31 @@ def _alpha_by(rows: list, key: str) -> dict:
     return {v: {"cycles": len(sel)} | _alpha(sel) for v, sel in sorted(groups.items())}
 
 
+def _f(value, spec: str, width: int) -> str:
+    """`value` formatted, or "-" (right-aligned to width) where there is none."""
+    return f"{'-':>{width}s}" if value is None else format(value, spec)
+
+
 def table(record: dict) -> str:
+    """The record's table; a mode with no successful cycle (or no plain reference) prints "-"
+    where a number would need one, and a line says why."""
     head = (f"{'mode':20s} {'p50 ms':>8s} {'p99 ms':>8s} {'speedup':>7s} {'vision':>7s} {'cut':>6s} {'tau':>6s} "
             f"{'lookup':>11s} {'model':>11s} {'same':>9s} {'alpha r/c':>11s}")
     lines = [head]
     for m in record["modes"]:
-        lines.append(f"{m['name']:20s} {m['cycle_ms']['p50']:8.1f} {m['cycle_ms']['p99']:8.1f} "
-                     f"{m['cycle_speedup_p50']:6.2f}x {m['vision_ms']['p50']:7.2f} {m['vision_cut']:6.1%} "
+        failed = m.get("failed")
+        cyc, vis = (m["cycle_ms"], m["vision_ms"]) if not failed else ({"p50": None, "p99": None}, {"p50": None})
+        speedup = _f(m["cycle_speedup_p50"], "6.2f", 6) + ("x" if m["cycle_speedup_p50"] is not None else " ")
+        lines.append(f"{m['name']:20s} {_f(cyc['p50'], '8.1f', 8)} {_f(cyc['p99'], '8.1f', 8)} "
+                     f"{speedup} {_f(vis['p50'], '7.2f', 7)} {_f(m['vision_cut'], '6.1%', 6)} "
                      f"{m['tau']:6.2f} {m['lookup_accepted']:>5d}/{m['lookup_proposed']:<5d} "
                      f"{m['model_accepted']:>5d}/{m['model_proposed']:<5d} "
                      f"{m['identical']['equal']:>4d}/{m['identical']['cycles']:<4d} "
                      + (f"{m['alpha_routine']:5.1%}/{m['alpha_commitment']:5.1%}"
                         if m['alpha_routine'] is not None and m['alpha_commitment'] is not None else f"{'-':>11s}"))
+    for m in record["modes"]:
+        if m.get("failed"):
+            lines.append(f"{m['name']}: - where no number can be given: {m['failed']}")
     for m in record["modes"]:
         parts = [f"{ph} ({a['cycles']} cycles) {a['alpha_routine']:.1%}/{a['alpha_commitment']:.1%}"
                  for ph, a in m.get("alpha_by_phase", {}).items()
@@ -261,10 +287,28 @@ def table(record: dict) -> str:
             lines.append(f"alpha r/c by phase, {m['name']}: " + ", ".join(parts))
     g = record["goal"]
     lines.append(f"goal (>= {g['speedup_goal']}x cycle p50, vision cut >= {g['vision_cut_goal']:.0%}, same text every "
-                 f"cycle, lookup raises tau): speedup {g['speedup']}x, vision cut {g['vision_cut']:.1%}, identical "
+                 f"cycle, lookup raises tau): speedup {_f(g['speedup'], '', 1)}x, vision cut "
+                 f"{_f(g['vision_cut'], '.1%', 1)}, identical "
                  f"{g['identical_every_cycle']}, tau ratio {g['tau_lookup_over_model']}: "
                  f"{'met' if g['met'] else 'NOT met'}")
     return "\n".join(lines)
+
+
+def check_out(path) -> None:
+    """Before the run: `path` (and its .md beside it) can be written as files, so a long run is not
+    lost at the end (ConfigError naming what is in the way)."""
+    from pathlib import Path
+
+    path = Path(path)
+    for p in (path, path.with_suffix(".md")):
+        if p.is_dir():
+            raise ConfigError(f"--json {str(path)!r}: {str(p)!r} is a folder; give a file path (the record and "
+                              "its .md table are written there)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"--json {str(path)!r}: {str(parent)!r} is a file, not a folder")
+            break
 
 
 def write(path, record: dict) -> None:
