@@ -612,3 +612,93 @@ def check_facts(meta: dict, where) -> None:
         if got[key] != want[key]:
             raise ConfigError(f"{where}: field {key!r} = {facts(meta)[key]!r} was edited (it does not match "
                               f"its {FACTS}); restore the exported value or re-export the folder")
+
+
+# --- a folder's fingerprint: what a rewrite of its cards cannot forge --------------------------------
+CARDS = (META, MANIFEST)
+BESIDE = ("tokenizer.json",)         # read with the cards, named by none of them
+SHARD_EXTS = (".safetensors", ".json")  # a dataset's "file" names a shard's pair of files
+
+
+def folder_fingerprint(folder) -> str:
+    """sha256 over a folder's cards (meta.json, manifest.json, at its top and in its direct
+    subfolders), the tokenizer.json beside them and every file a card names (any "file" field,
+    a "files" table's keys; a dataset's "file" names its .safetensors and .json): one line
+    "path<TAB>sha256 of the bytes" per file, sorted. Editing any of them, the facts and their
+    hashes together included, changes it; so a fingerprint pinned apart from the folder (a
+    planner profile, --expect-fingerprint) refuses a rewritten folder. A folder with no card (a
+    released Alpamayo-R1 folder) is fingerprinted over every file in it."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise ConfigError(f"{str(root)!r} is not a folder; nothing to fingerprint")
+    base = root.resolve()
+    cards = [d / c for d in [root, *sorted(p for p in root.iterdir() if p.is_dir())] for c in CARDS
+             if (d / c).is_file()]
+    files = {c for c in cards} | {root / b for b in BESIDE if (root / b).is_file()}
+    for card in cards:
+        for name in _named(read_json(card, "artifact card")):
+            files |= _resolve(card, name, base)
+    if not cards:
+        files = {p for p in root.rglob("*") if p.is_file()}
+    lines = sorted(f"{p.resolve().relative_to(base).as_posix()}\t{_sha256(p)}\n" for p in files)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def _named(data) -> list:
+    """Every file name a card holds: "file" values and the keys of a "files" table, at any depth."""
+    out = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "file" and isinstance(value, str):
+                out.append(value)
+            elif key == "files" and isinstance(value, dict):
+                out += [k for k in value if isinstance(k, str)]
+            else:
+                out += _named(value)
+    elif isinstance(data, list):
+        for value in data:
+            out += _named(value)
+    return out
+
+
+def _resolve(card: Path, name: str, base: Path) -> set:
+    path = card.parent / name
+    found = [path] if path.is_file() else [path.with_name(path.name + e) for e in SHARD_EXTS
+                                           if path.with_name(path.name + e).is_file()]
+    if not found:
+        raise ConfigError(f"{card}: names the file {name!r}, which is missing; the folder is incomplete")
+    for p in found:
+        if Path(name).is_absolute() or not p.resolve().is_relative_to(base):
+            raise ConfigError(f"{card}: names the file {name!r}, outside the folder; a card names files "
+                              "inside its own folder")
+    return set(found)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_fingerprint_text(value, name: str = "--expect-fingerprint"):
+    """A pinned fingerprint: 64 lowercase hex digits (as `specdrive plan` prints it), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ConfigError(f"{name}={value!r} is not a fingerprint; allowed 64 lowercase hex digits, as "
+                          "`specdrive plan`, `bench` and `drive` print it at start")
+    return value
+
+
+def pinned_fingerprint(folder, *pins, what: str = "folder") -> str:
+    """The folder's fingerprint, or a ConfigError when any pin (name, value) given differs from it."""
+    got = folder_fingerprint(folder)
+    for name, want in pins:
+        if want is not None and check_fingerprint_text(want, name) != got:
+            raise ConfigError(f"{what} {str(folder)!r} has the fingerprint {got}, not the {want} pinned by "
+                              f"{name}: a file of it was changed (its meta.json, a weight, a graph, a shard) "
+                              "or it is another folder; run the folder that was pinned, or check this one "
+                              "and pin its fingerprint")
+    return got

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.config import ConfigError, read_json
-from prompt.artifacts import read_engines_meta, read_manifest, read_meta, scan_checkpoints
+from prompt.artifacts import (check_fingerprint_text, pinned_fingerprint, read_engines_meta, read_manifest,
+                              read_meta, scan_checkpoints)
 from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, BackendSpec, load_backend
 
@@ -84,11 +85,34 @@ class ModelSource:
     device: str = "cpu"
     eager: bool = False
     threads: int = 0              # engine CPU threads (onnxruntime; torch's are set by the tools)
+    expect_fingerprint: str | None = None   # the folder's pinned fingerprint: another is refused
 
     def __post_init__(self):
         if self.preset is not None and self.random_init is None:
             raise ConfigError("--preset needs --random-init SEED (random weights); "
                               "trained models come with --checkpoint DIR")
+        check_fingerprint_text(self.expect_fingerprint)
+        if self.expect_fingerprint is not None and self.folder is None:
+            raise ConfigError("--expect-fingerprint pins a --checkpoint or --engines folder; --preset models "
+                              "have no folder to pin")
+
+    @property
+    def folder(self) -> Path | None:
+        """The artifact folder it runs (engines or checkpoint), None for a preset."""
+        return self.engines if self.engines is not None else self.checkpoint
+
+
+def source_fingerprint(src: ModelSource, profile_pin: str | None = None) -> str | None:
+    """The fingerprint of the folder `src` runs (prompt/artifacts.py folder_fingerprint; None for
+    a preset), checked against --expect-fingerprint and the planner profile's `fingerprint`
+    (ConfigError when either differs)."""
+    if src.folder is None:
+        if profile_pin is not None:
+            raise ConfigError("the planner profile pins a fingerprint, but --preset models have no folder; "
+                              "give the pinned --checkpoint or --engines folder")
+        return None
+    return pinned_fingerprint(src.folder, ("--expect-fingerprint", src.expect_fingerprint),
+                              ("the planner profile's fingerprint", profile_pin), what="model folder")
 
 
 def open_backend(src: ModelSource, max_len: int, default_tokenizer=None, k_max: int | None = None):
@@ -108,6 +132,8 @@ def backend_spec(src: ModelSource, max_len: int | None, default_tokenizer=None,
     if src.random_init is not None and src.preset is None:
         raise ConfigError(f"--random-init {src.random_init} seeds the random weights of --preset models; "
                           "--checkpoint and --engines load trained weights (drop --random-init)")
+    if src.expect_fingerprint is not None:        # pinned: nothing is read from another folder
+        source_fingerprint(src)
     spec = BackendSpec(tokenizer=None, max_len=max_len, device=src.device, eager=src.eager, k_max=k_max,
                        threads=src.threads, draft=src.draft, seed=src.random_init)
     name = _engines_spec(src, spec) if src.engines is not None else _models_spec(src, spec, default_tokenizer)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt.config import ConfigError, check_choice, check_range, check_types, from_dict, load_named
+from prompt.artifacts import check_fingerprint_text
 from prompt.graphs import SHAPES
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "planner"
@@ -174,9 +175,12 @@ class PlannerConfig:
     image_hw: tuple[int, ...] = SHAPES.image_hw
     frames: int = SHAPES.frames
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
+    fingerprint: str | None = None   # the model folder this profile runs, pinned (prompt/artifacts.py
+                                     # folder_fingerprint): another folder is refused (exit 2)
 
     def __post_init__(self):
         check_types(self)
+        check_fingerprint_text(self.fingerprint, "fingerprint")
         check_range("max_reasoning_tokens", self.max_reasoning_tokens, lo=1, hi=4096)
         check_choice("trajectory", self.trajectory, TRAJECTORY_SOURCES)
         check_choice("fallback", self.fallback, FALLBACKS)

@@ -20,6 +20,9 @@ cycles: the learnt costs and acceptance rates, the reuse stores, the fallback wo
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import numpy as np
 
 from prompt.config import ConfigError
@@ -32,6 +35,31 @@ from runtime.cycle import CycleResult, InputError, check_images, check_setup
 from runtime.fallback import Fallback
 from runtime.reuse import Lookup, VisionCache, frame_keys
 from runtime.stages import Cycle
+
+
+MAX_FRAME_TIME_S = 1e9       # |time| of a frame identity at most (~31 years of a clock, in s)
+
+
+def check_frame_times(frames) -> None:
+    """InputError where a frame's time (plan()'s `frames`, runtime/reuse.py frame_keys) is a bool,
+    text or any non-number, not finite, or beyond MAX_FRAME_TIME_S (its microsecond key would
+    overflow); the layout itself is frame_keys' to check."""
+    if frames is None:
+        return
+    if isinstance(frames, Mapping):
+        pairs = [(cam, t) for cam, ts in frames.items() if isinstance(ts, (list, tuple, np.ndarray)) for t in ts]
+    elif isinstance(frames, (list, tuple)):
+        pairs = [tuple(pair) for row in frames if isinstance(row, (list, tuple)) for pair in row
+                 if isinstance(pair, (list, tuple)) and len(pair) == 2]
+    else:
+        return
+    for cam, t in pairs:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, float, np.integer, np.floating)):
+            raise InputError(f"frames[{cam!r}]: ({cam!r}, {t!r}) is not a (camera, time_s) pair: a time is a "
+                             f"number of seconds, not {type(t).__name__}")
+        if not math.isfinite(float(t)) or abs(float(t)) > MAX_FRAME_TIME_S:
+            what = "is out of range" if math.isfinite(float(t)) else "is not finite"
+            raise InputError(f"frames[{cam!r}]: time {t!r} s {what}; allowed finite, |t| <= {MAX_FRAME_TIME_S:g} s")
 
 
 class Planner:
@@ -95,6 +123,7 @@ class Planner:
         try:
             self.fallback.drain(budget, res)
             images, v0 = self._check_inputs(images, history, res)
+            check_frame_times(frames)
             keys = frame_keys(frames, self.cfg)
         except InputError as e:
             return self._fail_inputs(res, budget, str(e), "input_error")

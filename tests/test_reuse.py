@@ -208,6 +208,10 @@ def test_without_identities_frames_are_keyed_by_content():
     ([[("front_tele", 0.0), ("front_tele", 0.1)]] + [[(c, 0.0), (c, 0.1)] for c in CAMS[1:]], "camera"),
     ([[(c, float("nan")), (c, 0.1)] for c in CAMS], "not finite"),
     ([[(c, "soon"), (c, 0.1)] for c in CAMS], "pair"),
+    ([[(c, True), (c, 0.1)] for c in CAMS], "a time is a number of seconds, not bool"),
+    ([[(c, 0.0), (c, "0.1")] for c in CAMS], "a time is a number of seconds, not str"),
+    ({c: [0.0, 1e303] for c in CAMS}, "time 1e+303 s is out of range; allowed finite, |t| <= 1e+09 s"),
+    ([[(c, -1e303), (c, 0.1)] for c in CAMS], "out of range"),
     ({"front_wide": [0.0, 0.1]}, "needs exactly"),
     ("front_wide", "sequence"),
 ])

@@ -4,8 +4,12 @@ runs over its budget without the `miss` flag; every log line is strict JSON; eve
 ego speed is known leaves with a trajectory that passed the checks; after a slow trajectory the
 reasoning is back within a few cycles."""
 import json
+import os
+import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from prompt.vocab import Tokenizer
 from table_backend import TableBackend
@@ -17,6 +21,7 @@ from runtime.planner import Planner
 TOK = Tokenizer.build("ego is cruising at 12 m/s , so keep speed the lead brakes slow down".split())
 T = np.arange(-15, 1) * 0.1
 OPS = ("vision", "prefill", "draft", "verify", "action")
+ROOT = Path(__file__).resolve().parents[1]
 BASE = {"vision": 10.0, "prefill": 20.0, "draft": 1.0, "verify": 5.0, "action": 15.0}
 
 
@@ -159,3 +164,170 @@ def test_soak_short_on_the_onnxruntime_backend(tiny_onnx):
     assert len(set(faulty.injected)) >= 2, faulty.injected
     assert len(clean) >= 5 and any(r["error"] for r in records), (clean, faulty.injected)
     p.close()
+
+
+# --- whole drives with faults on the shipped checkpoint: torch and onnxruntime, reuse and lookup on --
+SOAK_CYCLES = int(os.environ.get("SPECDRIVE_SOAK_CYCLES", "24"))     # per backend; the long run: 1500
+SOAK_DRIVES = os.environ.get("SPECDRIVE_SOAK_DRIVES")                # a drives folder; default: made here
+SOAK_OPS = OPS + ("vision_frames",)          # with reuse.vision the vision stage calls vision_frames
+
+
+class DriveChaos(FaultyEngine):
+    """FaultyEngine with slow calls too: each call raises (p_fail) or sleeps 20-60 ms (p_slow)."""
+
+    def __init__(self, backend, rng, p_fail=0.01, p_slow=0.02):
+        super().__init__(backend, rng, p_fail)
+        self.p_slow, self.slowed = p_slow, 0
+
+    def __getattr__(self, name):
+        value = getattr(self.backend, name)
+        if name not in SOAK_OPS:
+            return value
+
+        def call(*a, **k):
+            u = self.rng.random()
+            if u < self.p_fail:
+                self.injected.append(name)
+                raise RuntimeError(f"injected {name} fault")
+            if u < self.p_fail + self.p_slow:
+                self.slowed += 1
+                time.sleep(self.rng.uniform(0.02, 0.06))
+            return value(*a, **k)
+        return call
+
+
+def corrupt(rng, images, history, frames):
+    """One of seven input defects (the planner must refuse each as an input error)."""
+    kind = int(rng.integers(7))
+    images, history = np.array(images), np.array(history, np.float64)
+    frames = [list(row) for row in frames]
+    if kind == 0:
+        history[3, 1] = np.nan
+    elif kind == 1:
+        images = images[:, :, :16]
+    elif kind == 2:
+        images = images.astype(np.float32)
+    elif kind == 3:
+        history[:4, 0] -= 80.0
+    elif kind == 4:
+        frames[0][1] = (frames[0][1][0], 1e303)             # a time no clock gives
+    elif kind == 5:
+        frames[1][0] = (frames[1][0][0], True)              # a bool is not a time
+    else:
+        frames[2][1] = (frames[2][1][0], "1.0")             # nor is text
+    return images, history, frames
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def drive_soak(backend, tok, drives, cycles: int, seed: int) -> dict:
+    """`cycles` planning cycles over whole drives (cycle by cycle, each drive from its start, the
+    planner forgetting between drives), reuse.vision and lookup on, faults and corrupt inputs
+    injected; every cycle checked (module docstring). Returns the counts."""
+    from bench.whole_drives.measure import frames_of
+    from runtime.config import load_planner_config, with_overrides
+
+    rng = np.random.default_rng(seed)
+    chaos = DriveChaos(backend, rng)
+    base = load_planner_config("cpu")
+    cfg = with_overrides(base, {"reuse": {"vision": True, "lookup": True}, "max_reasoning_tokens": 48,
+                                "budget": {"budget_ms": 3000.0}}, "soak")
+    p = Planner(chaos, tok, cfg)
+    first = drives[0].cycles[0]
+    p.warmup(first.images, first.history)
+    stats = {"cycles": 0, "escaped": 0, "faulted": 0, "corrupt": 0, "errors": 0, "misses": 0, "over_budget": 0,
+             "unflagged_misses": 0, "reasoned": 0, "lookup_accepted": 0, "reused_frames": 0, "rss_mb": []}
+    while stats["cycles"] < cycles:
+        for d in drives:
+            p.forget()
+            for c in d.cycles:
+                if stats["cycles"] >= cycles:
+                    break
+                images, history, frames = c.images, c.history, frames_of(c, cfg.cameras)
+                bad = rng.random() < 0.03
+                if bad:
+                    images, history, frames = corrupt(rng, images, history, frames)
+                before = len(chaos.injected)
+                try:
+                    res = p.plan(images, history, scene=f"soak{stats['cycles']}", frames=frames)
+                except Exception as e:             # counted, then the test fails on it
+                    stats["escaped"] += 1
+                    stats.setdefault("escapes", []).append(repr(e))
+                    stats["cycles"] += 1
+                    continue
+                faulted = len(chaos.injected) > before
+                rec = json.loads(json.dumps(res.to_json(), allow_nan=False))
+                stats["cycles"] += 1
+                stats["faulted"] += faulted
+                stats["corrupt"] += bad
+                stats["errors"] += rec["error"] is not None
+                over = res.timing["total_ms"] > cfg.budget.budget_ms
+                stats["over_budget"] += over
+                stats["misses"] += "miss" in res.flags
+                stats["unflagged_misses"] += over != ("miss" in res.flags)
+                if bad:
+                    assert "input_error" in res.flags, (stats["cycles"], res.flags, res.error)
+                elif faulted:
+                    assert rec["error"], (stats["cycles"], chaos.injected[before:], res.source)
+                else:
+                    assert res.error is None and res.source in ("reasoning", "cut_reasoning"), (res.source, res.error)
+                    stats["reasoned"] += 1
+                if res.source != "none" and not bad:
+                    v0 = tok.conditioning.speed(history)
+                    assert check_trajectory(res.trajectory, v0, CheckConfig()) == [], (res.flags, res.error)
+                stats["lookup_accepted"] += res.reuse.get("lookup", {}).get("accepted", 0)
+                stats["reused_frames"] += res.reuse.get("vision", {}).get("reused", 0)
+                assert len(p.vision_cache.entries) <= cfg.reuse.max_frames
+                assert len(p.lookup.texts) <= cfg.reuse.lookup_cycles
+                if stats["cycles"] % 20 == 0:
+                    stats["rss_mb"].append(round(rss_mb(), 1))
+    p.fallback.close()
+    stats["injected"], stats["slowed"] = len(chaos.injected), chaos.slowed
+    return stats
+
+
+def check_soak(stats: dict, cycles: int) -> None:
+    assert stats["cycles"] == cycles and stats["escaped"] == 0, stats.get("escapes")
+    assert stats["unflagged_misses"] == 0, stats
+    assert stats["injected"] and stats["slowed"] and stats["corrupt"] and stats["reasoned"] > cycles // 2, stats
+    assert stats["lookup_accepted"] > 0 and stats["reused_frames"] > 0, stats
+    rss = stats["rss_mb"]
+    if len(rss) >= 8:                    # memory flat: the last quarter within 64 MB of the second
+        q = len(rss) // 4
+        assert max(rss[-q:]) - max(rss[q:2 * q]) < 64.0, rss
+
+
+@pytest.fixture(scope="module")
+def soak_drives(tmp_path_factory):
+    from scenes.dataset import DriveConfig, generate_drives, load_drives
+
+    if SOAK_DRIVES:
+        ds = load_drives(SOAK_DRIVES, "test")
+        return [ds[i] for i in range(len(ds))]
+    out = tmp_path_factory.mktemp("soak") / "d"
+    generate_drives(DriveConfig(str(out), 2, 1.2, 3, "test"), progress=False)
+    ds = load_drives(out, "test")
+    return [ds[i] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_whole_drive_soak_with_faults_reuse_and_lookup(backend, soak_drives, request, one_thread):
+    """Whole drives, cycle by cycle, with reuse.vision and lookup on and raising calls, slow calls
+    and corrupt inputs (NaN history, bad images, absurd jumps, frame times of 1e303, a bool, text)
+    injected: nothing escapes plan(), a faulted cycle reports its error, a corrupt one an
+    input_error, a clean one reasons, every cycle over budget carries `miss`, every trajectory
+    passes the checks, the caches stay in their bounds and memory stays flat. The CI run is
+    SPECDRIVE_SOAK_CYCLES=24 per backend; the long run (docs/bench.md) sets 1500."""
+    from runtime.artifacts import ModelSource, open_backend
+
+    src = ModelSource(checkpoint=ROOT / "checkpoints" / "tiny") if backend == "torch" else \
+        ModelSource(engines=request.getfixturevalue("tiny_onnx"), threads=1)
+    be, tok = open_backend(src, 512)
+    stats = drive_soak(be, tok, soak_drives, SOAK_CYCLES, seed=11)
+    print("SOAK", backend, json.dumps({k: v for k, v in stats.items() if k != "rss_mb"}),
+          "rss_mb first/last", stats["rss_mb"][:1], stats["rss_mb"][-1:])
+    check_soak(stats, SOAK_CYCLES)
+    be.close()

@@ -67,3 +67,25 @@ def _plan_scene(s, name: str) -> PlanScene:
     return PlanScene(name, np.asarray(s.images), np.asarray(s.history, np.float32),
                      None if getattr(s, "future", None) is None else np.asarray(s.future, np.float32),
                      getattr(s, "family", None))
+
+
+def announce_fingerprints(src, profile_pin: str | None = None, drives: Path | None = None,
+                          expect_drives: str | None = None) -> dict:
+    """Before a run: the fingerprint of every folder it reads (the model folder, a drives folder),
+    printed and checked against its pins (--expect-fingerprint or the profile's `fingerprint`,
+    --expect-drives-fingerprint): ConfigError (exit 2) before anything runs when one differs.
+    Returns {folder: fingerprint} for the run's record."""
+    from prompt.artifacts import pinned_fingerprint
+    from runtime.artifacts import source_fingerprint
+
+    out = {}
+    fp = source_fingerprint(src, profile_pin)
+    if fp is not None:
+        out[str(src.folder)] = fp
+        print(f"fingerprint {src.folder}: {fp}" + (" (pinned)" if src.expect_fingerprint or profile_pin else ""),
+              flush=True)
+    if drives is not None:
+        out[str(drives)] = pinned_fingerprint(drives, ("--expect-drives-fingerprint", expect_drives),
+                                              what="drives folder")
+        print(f"fingerprint {drives}: {out[str(drives)]}" + (" (pinned)" if expect_drives else ""), flush=True)
+    return out

@@ -1,0 +1,124 @@
+"""A folder's fingerprint (prompt/artifacts.py folder_fingerprint): a sha256 over its cards and
+every file they name, printed at start by plan / bench / drive and pinnable (--expect-fingerprint,
+the planner profile's `fingerprint`, --expect-drives-fingerprint), so a folder rewritten with its
+hashes recomputed (what the facts hash cannot tell) is refused with exit 2."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from prompt.artifacts import folder_fingerprint, pinned_fingerprint, stamp_facts
+from prompt.config import ConfigError
+from runtime.artifacts import ModelSource, open_backend
+from runtime.config import PlannerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp") / "tiny"
+    shutil.copytree(ROOT / "checkpoints" / "tiny", out)
+    return out
+
+
+def test_the_fingerprint_covers_every_card_and_every_file_they_name(tiny, tmp_path):
+    c = tmp_path / "c"
+    shutil.copytree(tiny, c)
+    fp = folder_fingerprint(c)
+    assert fp == folder_fingerprint(tiny) and len(fp) == 64
+    (c / "notes.md").write_text("not read by the planner")            # named by no card: not covered
+    assert folder_fingerprint(c) == fp
+    meta = json.loads((c / "target" / "meta.json").read_text())
+    weights = c / "target" / next(m["file"] for m in meta["modules"].values())
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1                                                     # one bit of one weight
+    weights.write_bytes(bytes(data))
+    assert folder_fingerprint(c) != fp
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert folder_fingerprint(c) == fp
+    (c / "target" / "meta.json").write_text(json.dumps(meta))         # the same facts, other bytes
+    assert folder_fingerprint(c) != fp
+    tok = json.loads((c / "tokenizer.json").read_text())
+    (c / "tokenizer.json").write_text(json.dumps(tok) + " ")
+    assert folder_fingerprint(c) != folder_fingerprint(tiny)
+    for name, says in (("../../outside.bin", "outside the folder"), ("nothing.bin", "which is missing")):
+        (tmp_path / "outside.bin").write_bytes(b"x")
+        meta2 = {**meta, "modules": {"x": {"file": name}}}
+        (c / "expert" / "meta.json").write_text(json.dumps(meta2))
+        with pytest.raises(ConfigError, match=says):
+            folder_fingerprint(c)
+
+
+def test_a_pin_is_64_hex_digits_and_a_folder_that_differs_is_refused(tiny, tmp_path):
+    fp = folder_fingerprint(tiny)
+    assert pinned_fingerprint(tiny, ("--expect-fingerprint", fp)) == fp
+    other = fp[:-1] + ("0" if fp[-1] != "0" else "1")
+    with pytest.raises(ConfigError, match=f"has the fingerprint {fp}, not the {other} pinned by --expect-fingerprint"):
+        pinned_fingerprint(tiny, ("--expect-fingerprint", other))
+    for bad in (fp[:12], fp.upper(), "x" * 64):
+        with pytest.raises(ConfigError, match="allowed 64 lowercase hex digits"):
+            ModelSource(checkpoint=tiny, expect_fingerprint=bad)
+        with pytest.raises(ConfigError, match="fingerprint=.* is not a fingerprint"):
+            PlannerConfig(fingerprint=bad)
+    with pytest.raises(ConfigError, match="--preset models have no folder"):
+        ModelSource(preset="micro", random_init=0, expect_fingerprint=fp)
+    with pytest.raises(ConfigError, match="pinned by --expect-fingerprint"):
+        open_backend(ModelSource(checkpoint=tiny, expect_fingerprint=other), 512)
+
+
+def test_a_drives_folder_rewritten_with_its_hashes_recomputed_has_another_fingerprint(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    from scenes.dataset import DriveConfig, file_sha256, generate_drives, load_drives
+
+    d = tmp_path / "d"
+    generate_drives(DriveConfig(str(d), 1, 0.3, 0, "test"), progress=False)
+    fp = folder_fingerprint(d)
+    shard = d / "test" / "drive-00000.safetensors"
+    arrays = load_file(str(shard))
+    arrays["images"] = 255 - arrays["images"]                          # every pixel inverted
+    save_file(arrays, str(shard), metadata={"format": "specdrive-drives-v2"})
+    m = json.loads((d / "manifest.json").read_text())
+    m["splits"]["test"]["drives"][0]["sha256"]["safetensors"] = file_sha256(shard)
+    (d / "manifest.json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    load_drives(d, "test").check()                                     # consistent: the shard check passes
+    with pytest.raises(ConfigError, match="pinned by --expect-drives-fingerprint"):
+        pinned_fingerprint(d, ("--expect-drives-fingerprint", fp), what="drives folder")
+
+
+def _plan(args, capsys):
+    from tools.cli import main
+    try:
+        code = main(["plan", *args, "--scenes", "1", "--quiet", "--pictures", "0", "--warmup", "0"])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_restamped_engines_meta_runs_unpinned_and_is_refused_pinned(tiny_onnx, tmp_path, capsys):
+    """rope_theta edited and facts_sha256 recomputed with the project's own helper: the facts
+    hash cannot tell (the rotary tables are built on the host; the step graph takes cos/sin as
+    inputs and holds no inverse frequencies to check against), so unpinned it loads; pinned by
+    --expect-fingerprint or by the planner profile it exits 2 before any cycle, and `plan`
+    prints the fingerprint at start."""
+    e = tmp_path / "e"
+    shutil.copytree(tiny_onnx, e)
+    fp = folder_fingerprint(e)
+    code, out, err = _plan(["--engines", str(e), "--expect-fingerprint", fp, "--out", str(tmp_path / "ok")], capsys)
+    assert code == 0, err
+    assert f"fingerprint {e}: {fp} (pinned)" in out.splitlines()[0]
+    meta = json.loads((e / "meta.json").read_text())
+    meta["target"]["rope_theta"] = 1e4
+    (e / "meta.json").write_text(json.dumps(stamp_facts(meta)))
+    open_backend(ModelSource(engines=e), 512)                          # unpinned: nothing tells
+    assert folder_fingerprint(e) != fp
+    code, out, err = _plan(["--engines", str(e), "--expect-fingerprint", fp, "--out", str(tmp_path / "o1")], capsys)
+    assert code == 2 and f"not the {fp} pinned by --expect-fingerprint" in err, err
+    assert not (tmp_path / "o1").exists()
+    profile = tmp_path / "pinned.yaml"
+    profile.write_text((ROOT / "configs" / "planner" / "cpu.yaml").read_text() + f"\nfingerprint: {fp}\n")
+    code, out, err = _plan(["--engines", str(e), "--profile", str(profile), "--out", str(tmp_path / "o2")], capsys)
+    assert code == 2 and f"not the {fp} pinned by the planner profile's fingerprint" in err, err
