@@ -173,11 +173,12 @@ SOAK_OPS = OPS + ("vision_frames",)          # with reuse.vision the vision stag
 
 
 class DriveChaos(FaultyEngine):
-    """FaultyEngine with slow calls too: each call raises (p_fail) or sleeps 20-60 ms (p_slow)."""
+    """FaultyEngine with slow calls too: each call raises (p_fail) or sleeps 20-60 ms (p_slow);
+    every 97th call raises and every 89th is slow whatever the draw, so a short run has both."""
 
     def __init__(self, backend, rng, p_fail=0.01, p_slow=0.02):
         super().__init__(backend, rng, p_fail)
-        self.p_slow, self.slowed = p_slow, 0
+        self.p_slow, self.slowed, self.calls = p_slow, 0, 0
 
     def __getattr__(self, name):
         value = getattr(self.backend, name)
@@ -185,7 +186,9 @@ class DriveChaos(FaultyEngine):
             return value
 
         def call(*a, **k):
+            self.calls += 1
             u = self.rng.random()
+            u = 0.0 if self.calls % 97 == 0 else self.p_fail if self.calls % 89 == 0 else u
             if u < self.p_fail:
                 self.injected.append(name)
                 raise RuntimeError(f"injected {name} fault")
@@ -196,9 +199,8 @@ class DriveChaos(FaultyEngine):
         return call
 
 
-def corrupt(rng, images, history, frames):
-    """One of seven input defects (the planner must refuse each as an input error)."""
-    kind = int(rng.integers(7))
+def corrupt(kind: int, images, history, frames):
+    """Input defect `kind` of seven (the planner must refuse each as an input error)."""
     images, history = np.array(images), np.array(history, np.float64)
     frames = [list(row) for row in frames]
     if kind == 0:
@@ -247,9 +249,9 @@ def drive_soak(backend, tok, drives, cycles: int, seed: int) -> dict:
                 if stats["cycles"] >= cycles:
                     break
                 images, history, frames = c.images, c.history, frames_of(c, cfg.cameras)
-                bad = rng.random() < 0.03
+                bad = stats["cycles"] % 50 == 7 or rng.random() < 0.03
                 if bad:
-                    images, history, frames = corrupt(rng, images, history, frames)
+                    images, history, frames = corrupt(stats["corrupt"] % 7, images, history, frames)
                 before = len(chaos.injected)
                 try:
                     res = p.plan(images, history, scene=f"soak{stats['cycles']}", frames=frames)
