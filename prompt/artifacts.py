@@ -290,8 +290,14 @@ def _llm(f: Table, target: bool = False) -> LlmDims:
 
 
 def _action(f: Table) -> ActionShapes:
-    return ActionShapes(f("euler_steps", int), f("samples", int), f("combine", str), f("n_waypoints", int),
-                        f("action_dim", int))
+    """The exported expert's settings, each in the range the planner profile allows (ExpertRequest)."""
+    def ranged(key: str, lo: int, hi: int) -> int:
+        value = f(key, int)
+        if not lo <= value <= hi:
+            raise ConfigError(f"{f.where}: field '{f.prefix}{key}' = {value} is out of range; allowed [{lo}, {hi}]")
+        return value
+    return ActionShapes(ranged("euler_steps", 1, 100), ranged("samples", 1, 64), f("combine", str),
+                        ranged("n_waypoints", 1, 1 << 12), ranged("action_dim", 1, 16))
 
 
 def _check_declared_shapes(where: str, meta: EnginesMeta) -> None:

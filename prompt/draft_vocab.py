@@ -59,7 +59,7 @@ def d2t_sha256(d2t) -> str:
 
 def check_d2t(d2t, tok, where: str, sha256: str | None = None) -> None:
     """ConfigError unless d2t is a 1-D int map into this tokenizer: ids in [0, V), no
-    duplicates, every kept special token present, no trajectory token, and (when given) the
+    duplicates, ascending, every kept special token present, no trajectory token, and (when given) the
     sha256 meta.json recorded."""
     d2t = np.asarray(d2t)
     V = len(tok)
@@ -79,6 +79,11 @@ def check_d2t(d2t, tok, where: str, sha256: str | None = None) -> None:
     if traj.size:
         raise ConfigError(f"{where}: d2t holds trajectory tokens (ids {d2t[traj[:5]].tolist()}); the head "
                           "covers reasoning text only")
+    down = np.flatnonzero(np.diff(d2t) < 0)
+    if down.size:
+        i = int(down[0])
+        raise ConfigError(f"{where}: d2t is not ascending (index {i} holds id {int(d2t[i])}, index {i + 1} id "
+                          f"{int(d2t[i + 1])}); a map lists its target ids in ascending order")
     if sha256 is not None and d2t_sha256(d2t) != sha256:
         raise ConfigError(f"{where}: d2t sha256 {d2t_sha256(d2t)[:12]}... does not match meta.json's "
                           f"d2t_sha256 {str(sha256)[:12]}...: the map was changed")

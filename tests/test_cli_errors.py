@@ -151,6 +151,9 @@ def files(tmp_path):
     (tmp_path / "twice.yaml").write_text("max_len: 512\nmax_len: 1024\n")
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "list.json").write_text("[1, 2]")
+    cpu = (ROOT / "configs" / "planner" / "cpu.yaml").read_text()
+    (tmp_path / "three.yaml").write_text(cpu + "cameras: [front_wide, cross_left, cross_right]\n")
+    (tmp_path / "small.yaml").write_text(cpu + "image_hw: [32, 48]\n")
     return tmp_path
 
 
@@ -174,6 +177,15 @@ CASES = {   # name -> (argv with {t} for the temporary folder, words of the one 
     "plan --random-init": (PLAN + ["--random-init", "3", "--out", "{t}/o"], "drop --random-init"),
     "plan empty profile": (PLAN + ["--profile", "{t}/empty.yaml", "--out", "{t}/o"], "the file is empty"),
     "plan duplicate key": (PLAN + ["--profile", "{t}/twice.yaml", "--out", "{t}/o"], "key 'max_len' is given twice"),
+    "plan 3 cameras": (PLAN + ["--profile", "{t}/three.yaml", "--out", "{t}/o"],
+                       "the planner profile's cameras ['front_wide', 'cross_left', 'cross_right'] are not the scenes' "
+                       "cameras ['front_wide', 'front_tele', 'cross_left', 'cross_right']"),
+    "plan other image size": (PLAN + ["--profile", "{t}/small.yaml", "--out", "{t}/o"],
+                              "image_hw [32, 48] are not the scenes' image_hw [64, 96]"),
+    "drive 3 cameras": (["drive", "--drives", "1", "--profile", "{t}/three.yaml", "--out", "{t}/o"],
+                        "every cycle would be an input error"),
+    "bench --drives 3 cameras": (["bench", "--checkpoint", str(SHIPPED), "--drives", "{t}", "--profile",
+                                  "{t}/three.yaml", "--json", "{t}/r.json"], "every cycle would be an input error"),
 }
 
 

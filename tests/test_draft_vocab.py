@@ -62,8 +62,14 @@ def test_a_map_that_does_not_fit_the_tokenizer_is_refused(edit, match):
     check_d2t(d2t, TOK, "here", d2t_sha256(d2t))
     with pytest.raises(ConfigError, match=match):
         check_d2t(edit(d2t), TOK, "here")
-    with pytest.raises(ConfigError, match="does not match"):
+    with pytest.raises(ConfigError, match=r"d2t is not ascending \(index 0 holds id \d+, index 1 id \d+\)"):
         check_d2t(d2t[::-1].copy(), TOK, "here", d2t_sha256(d2t))
+    free = [i for i in range(int(d2t[-2]) + 1, len(TOK)) if i not in d2t and not TOK.traj_mask()[i]]
+    other = d2t.copy()
+    other[-1] = free[0]                         # ascending, fits the tokenizer, another map
+    check_d2t(other, TOK, "here")
+    with pytest.raises(ConfigError, match="does not match"):
+        check_d2t(other, TOK, "here", d2t_sha256(d2t))
 
 
 @pytest.fixture(scope="module")

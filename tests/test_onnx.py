@@ -271,6 +271,8 @@ DAMAGES = {     # name -> (change(meta) or a function of the folder giving it, w
     "draft_features": (lambda m: m.update(draft_features="none"), "unknown ['draft_chain']"),
     "file ../": (lambda e: _outside(e, lambda f: "../" + f.name), "is outside the folder"),
     "file absolute": (lambda e: _outside(e, lambda f: str(f)), "is outside the folder"),
+    "euler_steps 0": (lambda m: m["action"].update(euler_steps=0),
+                      "field 'action.euler_steps' = 0 is out of range; allowed [1, 100]"),
 }
 NEEDS_FOLDER = ("draft_feed swapped", "file ../", "file absolute")
 

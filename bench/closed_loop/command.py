@@ -12,7 +12,7 @@ from bench.closed_loop.gif import draw_case
 from bench.closed_loop.latency import parse_latency
 from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
 from bench.closed_loop.report import table
-from bench.common.sources import announce_fingerprints, default_tokenizer
+from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer
 from bench.common.threads import torch_threads
 from runtime.artifacts import ModelSource, open_backend
 from prompt.config import ConfigError
@@ -55,6 +55,7 @@ def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget
 def run(setup: ClosedLoopRun) -> int:
     """The command: every drive x mode x latency spec; JSON, table and GIFs under OUT/LATENCY."""
     base = load_planner_config(setup.profile)
+    check_scene_cameras(base)
     modes = parse_modes(setup.modes)
     latencies = [parse_latency(s, base) for s in setup.latency.split(",")]
     twice = sorted({lat.label for lat in latencies if [x.label for x in latencies].count(lat.label) > 1})

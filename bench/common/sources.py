@@ -89,3 +89,19 @@ def announce_fingerprints(src, profile_pin: str | None = None, drives: Path | No
                                               what="drives folder")
         print(f"fingerprint {drives}: {out[str(drives)]}" + (" (pinned)" if expect_drives else ""), flush=True)
     return out
+
+
+def check_scene_cameras(cfg) -> None:
+    """The world's scenes and drives carry scenes.config's cameras, frames and image size; a
+    planner profile with others would refuse every cycle as an input error and still exit 0, so
+    the run is refused before it starts (ConfigError naming both)."""
+    from scenes.config import CAMERAS, FRAME_OFFSETS
+    from scenes.render import IMAGE_H, IMAGE_W
+
+    world = {"cameras": [c.name for c in CAMERAS], "frames": len(FRAME_OFFSETS), "image_hw": [IMAGE_H, IMAGE_W]}
+    mine = {"cameras": list(cfg.cameras), "frames": cfg.frames, "image_hw": list(cfg.image_hw)}
+    differ = [k for k in world if world[k] != mine[k]]
+    if differ:
+        raise ConfigError("the planner profile's " + ", ".join(f"{k} {mine[k]}" for k in differ) + " are not the "
+                          "scenes' " + ", ".join(f"{k} {world[k]}" for k in differ) + ": every cycle would be an "
+                          "input error; use a profile made for these scenes (e.g. cpu)")

@@ -18,7 +18,8 @@ from runtime.config import load_planner_config, with_overrides
 from runtime.planner import Planner
 from bench.common.accept_map import routine_tokens
 from bench.common.cycle_report import TABLE_HEADER, JsonLog, birdseye_svg, table_row
-from bench.common.sources import SceneSource, announce_fingerprints, default_tokenizer, scene_source
+from bench.common.sources import (SceneSource, announce_fingerprints, check_scene_cameras, default_tokenizer,
+                                  scene_source)
 from bench.common.threads import torch_threads
 
 
@@ -72,6 +73,7 @@ def planner_config(setup: PlanRun):
 
 def run(setup: PlanRun) -> int:
     cfg = planner_config(setup)
+    check_scene_cameras(cfg)
     announce_fingerprints(setup.source, cfg.fingerprint)
     backend, tok = open_backend(setup.source, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
     setup.out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common.compared_backends import open_bench_backends
-from bench.common.sources import announce_fingerprints, default_tokenizer
+from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer
 from bench.common.threads import torch_threads
 from bench.speedup import report
 from bench.speedup.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
@@ -60,6 +60,7 @@ def run(cfg: BenchRun) -> int:
     deadline = profile.budget.budget_ms if cfg.deadline_ms is None else cfg.deadline_ms
     measure = dataclasses.replace(cfg.measure, deadline_ms=deadline)
     src = cfg.source
+    check_scene_cameras(profile)
     fingerprints = announce_fingerprints(src, profile.fingerprint)
     tok, plain, drafts, source = open_bench_backends(src, cfg.drafts, profile.max_len, default_tokenizer)
     modes = make_modes(drafts, plain, measure)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common.compared_backends import open_bench_backends
-from bench.common.sources import announce_fingerprints, default_tokenizer
+from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer
 from bench.common.threads import torch_threads
 from bench.whole_drives.measure import DriveBenchConfig, check_out, load, run_drives, table, write
 from runtime.artifacts import ModelSource
@@ -30,6 +30,7 @@ class DrivesRun:
 def run(cfg: DrivesRun) -> int:
     check_out(cfg.json)                                # where the record goes, before the work
     profile = load_planner_config(cfg.profile)
+    check_scene_cameras(profile)
     fingerprints = announce_fingerprints(cfg.source, profile.fingerprint, cfg.drives_dir,
                                          cfg.expect_drives_fingerprint)
     drives = load(cfg.drives_dir, cfg.measure)         # a bad shard stops here, before any model loads
