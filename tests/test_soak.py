@@ -169,6 +169,7 @@ def test_soak_short_on_the_onnxruntime_backend(tiny_onnx):
 # --- whole drives with faults on the shipped checkpoint: torch and onnxruntime, reuse and lookup on --
 SOAK_CYCLES = int(os.environ.get("SPECDRIVE_SOAK_CYCLES", "24"))     # per backend; the long run: 1500
 SOAK_DRIVES = os.environ.get("SPECDRIVE_SOAK_DRIVES")                # a drives folder; default: made here
+SOAK_BUDGET_MS = float(os.environ.get("SPECDRIVE_SOAK_BUDGET_MS", "3000"))   # tighter: cuts and misses
 SOAK_OPS = OPS + ("vision_frames",)          # with reuse.vision the vision stage calls vision_frames
 
 
@@ -236,7 +237,7 @@ def drive_soak(backend, tok, drives, cycles: int, seed: int) -> dict:
     chaos = DriveChaos(backend, rng)
     base = load_planner_config("cpu")
     cfg = with_overrides(base, {"reuse": {"vision": True, "lookup": True}, "max_reasoning_tokens": 48,
-                                "budget": {"budget_ms": 3000.0}}, "soak")
+                                "budget": {"budget_ms": SOAK_BUDGET_MS}}, "soak")
     p = Planner(chaos, tok, cfg)
     first = drives[0].cycles[0]
     p.warmup(first.images, first.history)
@@ -274,9 +275,11 @@ def drive_soak(backend, tok, drives, cycles: int, seed: int) -> dict:
                     assert "input_error" in res.flags, (stats["cycles"], res.flags, res.error)
                 elif faulted:
                     assert rec["error"], (stats["cycles"], chaos.injected[before:], res.source)
-                else:
-                    assert res.error is None and res.source in ("reasoning", "cut_reasoning"), (res.source, res.error)
-                    stats["reasoned"] += 1
+                else:                 # clean: no error and a trajectory (reasoned, unless a tight budget cut it)
+                    assert res.error is None and res.trajectory is not None, (res.source, res.error, res.flags)
+                    if SOAK_BUDGET_MS >= 3000:
+                        assert res.source in ("reasoning", "cut_reasoning"), (res.source, res.flags)
+                    stats["reasoned"] += res.source in ("reasoning", "cut_reasoning")
                 if res.source != "none" and not bad:
                     v0 = tok.conditioning.speed(history)
                     assert check_trajectory(res.trajectory, v0, CheckConfig()) == [], (res.flags, res.error)
@@ -294,7 +297,8 @@ def drive_soak(backend, tok, drives, cycles: int, seed: int) -> dict:
 def check_soak(stats: dict, cycles: int) -> None:
     assert stats["cycles"] == cycles and stats["escaped"] == 0, stats.get("escapes")
     assert stats["unflagged_misses"] == 0, stats
-    assert stats["injected"] and stats["slowed"] and stats["corrupt"] and stats["reasoned"] > cycles // 2, stats
+    assert stats["injected"] and stats["slowed"] and stats["corrupt"], stats
+    assert stats["reasoned"] > cycles // (2 if SOAK_BUDGET_MS >= 3000 else 4), stats
     assert stats["lookup_accepted"] > 0 and stats["reused_frames"] > 0, stats
     rss = stats["rss_mb"]
     if len(rss) >= 8:                    # memory flat: the last quarter within 64 MB of the second
