@@ -137,3 +137,19 @@ def test_json_that_cannot_be_written_exits_2_before_the_run(preset, drives, tmp_
     err = capsys.readouterr()
     assert ("is a folder" in err.err or "is a file, not a folder" in err.err), err.err
     assert "drive cycles" not in err.err        # no cycle ran
+
+
+def test_the_drives_fingerprint_is_printed_and_a_pin_that_differs_exits_2(preset, drives, tmp_path, capsys):  # noqa: F811
+    from prompt.artifacts import folder_fingerprint
+
+    fp = folder_fingerprint(drives)
+    with pytest.raises(SystemExit) as e:
+        bench.main(args(preset, drives, tmp_path / "x.json") + ["--expect-drives-fingerprint", "0" * 64])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"has the fingerprint {fp}, not the {'0' * 64} pinned by --expect-drives-fingerprint" in err, err
+    assert not (tmp_path / "x.json").exists()
+    out = tmp_path / "ok.json"
+    assert bench.main(args(preset, drives, out) + ["--modes", "spec", "--expect-drives-fingerprint", fp]) == 0
+    assert f"fingerprint {drives}: {fp} (pinned)" in capsys.readouterr().out.splitlines()[0]
+    assert json.loads(out.read_text())["setup"]["fingerprints"] == {str(drives): fp}

@@ -182,6 +182,9 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
     ("--gifs", "-1", "allowed 0..10000"),
     ("--budget-ms", "1e9", "ms, 0..60000"),
     ("--latency", "measured,measured", "names measured more than once"),
+    ("--expect-fingerprint", "0" * 64, "pinned by --expect-fingerprint"),
+    ("--expect-fingerprint", "abc", "allowed 64 lowercase hex digits"),
+    ("--expect-drives-fingerprint", "0" * 64, "pins a drives folder; --drives is a count"),
 ])
 def test_every_number_of_drive_has_a_range_that_says_its_bounds(tmp_path, capsys, arg, value, says):
     from tools.cli import main
