@@ -153,3 +153,20 @@ def test_the_drives_fingerprint_is_printed_and_a_pin_that_differs_exits_2(preset
     assert bench.main(args(preset, drives, out) + ["--modes", "spec", "--expect-drives-fingerprint", fp]) == 0
     assert f"fingerprint {drives}: {fp} (pinned)" in capsys.readouterr().out.splitlines()[0]
     assert json.loads(out.read_text())["setup"]["fingerprints"] == {str(drives): fp}
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("drives", 10_001, r"--drive-count=10001 is out of range; allowed \[1, 10000\]"),
+    ("drives", 0, r"--drive-count=0 is out of range; allowed \[1, 10000\]"),
+    ("cycles", 121, r"--cycles=121 is out of range; allowed \[1, 120\]"),
+    ("warmup", 101, r"--warmup=101 is out of range; allowed \[0, 100\]"),
+    ("max_reasoning_tokens", 0, r"--max-reasoning=0 is out of range; allowed \[1, 4096\]"),
+    ("k", 17, r"k=17 is out of range; allowed \[1, 16\]"),
+])
+def test_every_number_of_bench_drives_has_a_range_that_says_its_bounds(field, value, says):
+    from bench.whole_drives.measure import DriveBenchConfig
+    from prompt.config import ConfigError
+
+    DriveBenchConfig()
+    with pytest.raises(ConfigError, match=says):
+        DriveBenchConfig(**{field: value})
