@@ -24,6 +24,7 @@ from pathlib import Path
 from prompt.config import ConfigError, check_choice, check_range, load_named
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
+IMAGE_ATTENTION = ("causal", "frame_local")
 VISION_STYLES = ("qwen3", "qwen2.5")
 
 
@@ -100,8 +101,12 @@ class LLMConfig:
     qkv_bias: bool = False
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
+    # how image rows attend (models/layers.py frame_local_mask): "causal" is HF Qwen-VL's layout;
+    # "frame_local" keeps each image block (<|vision_start|> .. <|vision_end|>) to itself
+    image_attention: str = "causal"
 
     def __post_init__(self):
+        check_choice("llm.image_attention", self.image_attention, IMAGE_ATTENTION)
         for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
                      "vocab_size"):
             check_range(f"llm.{name}", getattr(self, name), lo=1)

@@ -120,9 +120,13 @@ class ReuseConfig:
     plan() is given frames, else by a content hash, and checked against a full content digest
     (other pixels under a known identity are encoded afresh). lookup: the last cycles'
     reasoning proposes the continuation of the tokens just accepted (prompt-lookup drafting,
-    no draft model call), the model draft where nothing matches."""
+    no draft model call), the model draft where nothing matches. prefill (streaming prefill, a
+    frame_local target only, with vision on): each frame's per-layer K (before rope) and V are
+    kept beside its vision features, and a cycle computes the image blocks of new frames only,
+    rotates the kept ones to their rows and prefills the rows after the images."""
     vision: bool = False
     lookup: bool = False
+    prefill: bool = False
     max_frames: int = 32         # cached frames at most (a drive cycle: 4 cameras x 2 frames, the
                                  # older one seen 5 cycles before: 4 x 6 distinct times live)
     lookup_cycles: int = 4       # reasoning texts of that many last cycles are searched
@@ -133,6 +137,9 @@ class ReuseConfig:
         check_range("reuse.max_frames", self.max_frames, lo=1, hi=4096)
         check_range("reuse.lookup_cycles", self.lookup_cycles, lo=1, hi=64)
         check_range("reuse.lookup_ngram", self.lookup_ngram, lo=1, hi=8)
+        if self.prefill and not self.vision:
+            raise ConfigError("reuse.prefill keeps each frame's KV beside its vision features: "
+                              "turn reuse.vision on too (or reuse.prefill off)")
 
 
 @dataclass(frozen=True)

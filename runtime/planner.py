@@ -48,6 +48,8 @@ class Planner:
         if reuse.vision and not backend.reuses_vision:
             raise ConfigError(f"reuse.vision: backend {backend.name!r} cannot encode frames one by one; "
                               "turn reuse.vision off for it")
+        if reuse.prefill:
+            check_streaming(backend)
         self.vision_cache = VisionCache(reuse.max_frames) if reuse.vision else None
         self.lookup = Lookup(reuse.lookup_cycles, reuse.lookup_ngram) if reuse.lookup else None
         self.rng = np.random.default_rng(self.cfg.spec.seed)
@@ -131,3 +133,14 @@ class Planner:
         if self.last_v0 is not None:   # the ego speed is known (now or from the last cycle)
             res.trajectory, res.source = comfortable_stop(self.last_v0, self.cfg.checks), "stop"
         return self._finish(res, budget)
+
+
+def check_streaming(backend) -> None:
+    """reuse.prefill needs a frame_local target on a backend that streams; else exit 2 with why."""
+    if backend.image_attention != "frame_local":
+        raise ConfigError(f"reuse.prefill (streaming prefill) needs a target trained with the frame_local image "
+                          f"layout; this target's llm.image_attention is {backend.image_attention!r}, where every "
+                          "image attends to the images before it, so no frame's KV can be kept exactly. Use a "
+                          "frame_local checkpoint (configs/train/sft-frame-local.yaml) or turn reuse.prefill off")
+    if not backend.streams_prefill:
+        raise ConfigError(f"reuse.prefill: backend {backend.name!r} cannot stream the prefill; turn reuse.prefill off")

@@ -17,7 +17,7 @@ from runtime.checks import check_trajectory, comfortable_stop
 from runtime.cycle import (FUTURE_TOKENS, CycleResult, InputError, cycle_prompt, future_from_tokens,
                            future_mask, reserve_rows)
 from runtime.loop import DecodeState, DecodeStats, decode, make_rule
-from runtime.reuse import CycleLookup
+from runtime.reuse import CycleLookup, stream_blocks
 from runtime.trace import span
 
 
@@ -93,7 +93,11 @@ class Cycle:
         rule = self._rule("reasoning")
         self.be.set_mask(self.tok.text_mask())       # trajectory tokens are masked while reasoning
         with self.budget.stage("prefill"):
-            row = self.be.prefill(inputs, rule.readout)
+            if self.cfg.reuse.prefill:
+                blocks, self.res.reuse["prefill"] = stream_blocks(self.be, self.p.vision_cache.frames, inputs)
+                row = self.be.prefill_streamed(inputs, rule.readout, blocks)
+            else:
+                row = self.be.prefill(inputs, rule.readout)
         return DecodeState.after_prefill(inputs.ids, rule.first(row))
 
     def _fallback_args(self) -> tuple:

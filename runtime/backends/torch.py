@@ -30,11 +30,11 @@ from models import io
 from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.draft import shift_features
-from models.target import Target
+from models.target import Target, write_image_blocks
 from prompt.config import ConfigError
 from prompt.graphs import SHAPES
 from prompt.pixels import images_to_patches
-from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise
+from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise, image_rows
 from runtime.config import K_MAX_LIMIT
 
 DRAFT_KINDS = ("routine", "self", "none")
@@ -44,6 +44,7 @@ DEFAULT_MAX_LEN = SHAPES.max_len
 class TorchBackend(Backend):
     name = "torch"
     reuses_vision = True
+    streams_prefill = True
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = DEFAULT_MAX_LEN,
@@ -57,6 +58,7 @@ class TorchBackend(Backend):
                 m.to(self.device).eval()
         llm = cfg.target.llm
         self.vocab_size, self.max_len = llm.vocab_size, int(max_len)
+        self.image_attention = llm.image_attention
         self.fused = draft_kind == "routine" and cfg.draft.features == "fused"
         self.feature_layers = tuple(cfg.draft.feature_layers) if self.fused else ()
         # routine fused drafts re-feed accepted proposals with the target's features
@@ -121,12 +123,53 @@ class TorchBackend(Backend):
         logits, hid = self.target(ids, cos, sin, self.cache, 0, embeds, deep, self.feature_layers)
         if self.fused:
             self.feats[:ids.shape[1]] = torch.cat(hid, -1)[0]
+        self._draft_prefill(ids, pos, embeds, deep)
+        return self._read(logits[0, -1:], readout, ids.shape[1])
+
+    def _draft_prefill(self, ids, pos, embeds, deep) -> None:
+        """The draft's prompt rows (after the target's: a fused draft reads its features)."""
         if self.draft_kind == "self":
-            self.draft_model(ids, cos, sin, self.draft_cache, 0, embeds, deep)
+            self.draft_model(ids, *self.target.rope(pos), self.draft_cache, 0, embeds, deep)
         elif self.draft_kind == "routine":
             f = shift_features(self.feats[None, :ids.shape[1]]) if self.fused else None
             self.draft_model(ids, *self._draft_rope(0, ids.shape[1], pos), self.draft_cache, 0, f, embeds)
-        return self._read(logits[0, -1:], readout, ids.shape[1])
+
+    @torch.no_grad()
+    def image_blocks(self, frames: list, ids: np.ndarray, positions: np.ndarray) -> list:
+        """Per frame: ([(k before rope, v) (1, KVH, L, D) per layer], fused features (L, F) or None)."""
+        n, L = len(frames), len(ids)
+        embeds = torch.cat([f[0] for f in frames])
+        deep = [torch.cat([f[1][j] for f in frames]) for j in range(len(frames[0][1]))]
+        block_ids = torch.as_tensor(np.asarray(ids), device=self.device)[None].expand(n, L)
+        pos = torch.as_tensor(np.asarray(positions), device=self.device)[:, None].expand(3, n, L)
+        kv, hid = self.target.image_block_kv(block_ids, *self.target.rope(pos), embeds, deep,
+                                              self.feature_layers)
+        feats = torch.cat(hid, -1) if self.fused else None
+        return [([(k[i:i + 1].clone(), v[i:i + 1].clone()) for k, v in kv],
+                 None if feats is None else feats[i].clone()) for i in range(n)]
+
+    @torch.no_grad()
+    def prefill_streamed(self, inputs: PrefillInputs, readout: str, blocks: list) -> np.ndarray:
+        ids = torch.as_tensor(np.asarray(inputs.ids), device=self.device)[None]
+        T = ids.shape[1]
+        self.check_rows(0, T)
+        first, end = image_rows(inputs)
+        self.delta = int(inputs.rope_delta)
+        pos = torch.as_tensor(np.asarray(inputs.positions), device=self.device)[:, None]   # (3, 1, T)
+        cos, sin = self.target.rope(pos)
+        layers = self.feature_layers
+        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers)
+        kv = [(torch.cat([b[0][j][0] for b in blocks]), torch.cat([b[0][j][1] for b in blocks]))
+              for j in range(len(self.cache))]
+        rows = torch.arange(first, end, device=self.device)
+        write_image_blocks(self.cache, kv, rows, cos[:, first:end], sin[:, first:end])
+        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers)
+        if self.fused:
+            self.feats[:first] = torch.cat(hid, -1)[0]
+            self.feats[first:end] = torch.cat([b[1] for b in blocks])
+            self.feats[end:T] = torch.cat(tail, -1)[0]
+        self._draft_prefill(ids, pos, *self.images)
+        return self._read(logits[0, -1:], readout, T)
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
         """(P, V) on the device once per phase; rows picked per token by sequence index."""

@@ -1,0 +1,122 @@
+"""Streaming prefill (PlannerConfig.reuse.prefill, runtime/reuse.py): on a frame_local target a
+planner that keeps each frame's image-block K/V delivers the reasoning of a planner that prefills
+every cycle in full, on every cycle of a drive, with cache rows equal to float rounding; a frame
+whose pixels changed under a known identity is recomputed, never served stale; streaming asked of
+a causal target is refused naming why."""
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.layers import frame_local_mask, image_blocks
+from prompt.config import ConfigError
+from runtime.artifacts import ModelSource, open_backend
+from runtime.config import ReuseConfig, load_planner_config
+from runtime.planner import Planner
+from scenes.config import DT, FRAME_OFFSETS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+CYCLES = 7            # the t - 0.5 s frames of cycles 5.. are the t frames of cycles 0..
+
+
+@pytest.fixture(scope="module")
+def drive():
+    from scenes.world import make_drive
+
+    return make_drive(11, None, "test", CYCLES * DT)
+
+
+def frames_of(cycle, cams):
+    return [[(cam, cycle.time - k * DT) for k in FRAME_OFFSETS] for cam in cams]
+
+
+def profile(**reuse):
+    cfg = load_planner_config("cpu")
+    return dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, budget_ms=0.0),
+                               max_reasoning_tokens=24, reuse=ReuseConfig(**reuse))
+
+
+def target_cache(be) -> np.ndarray:
+    return be.cache.numpy() if be.name == "torch" else np.asarray(be.cache)
+
+
+def run_drive(open_planner, drive):
+    """A full-prefill planner and a streaming one on every cycle -> per cycle (reasoning equal,
+    largest trajectory difference in m, largest prompt-row cache difference, prefill counts)."""
+    full = open_planner(profile(vision=True))
+    stream = open_planner(profile(vision=True, prefill=True))
+    out = []
+    for c in drive.cycles:
+        frames = frames_of(c, full.cfg.cameras)
+        a = full.plan(c.images, c.history, frames=frames)
+        b = stream.plan(c.images, c.history, frames=frames)
+        assert a.error is None and b.error is None, (a.error, b.error)
+        rows = a.prompt_len
+        ca, cb = target_cache(full.backend)[..., :rows, :], target_cache(stream.backend)[..., :rows, :]
+        out.append((a.reasoning_ids == b.reasoning_ids, float(np.abs(a.trajectory - b.trajectory).max()),
+                    float(np.abs(ca - cb).max() / max(1.0, np.abs(ca).max())), b.reuse["prefill"]))
+    full.close(), stream.close()
+    return out
+
+
+def assert_exact(per_cycle, n_images=8):
+    same = [s for s, *_ in per_cycle]
+    assert all(same), f"streaming changed the reasoning on cycles {[i for i, s in enumerate(same) if not s]}"
+    worst_traj = max(t for _, t, _, _ in per_cycle)
+    worst_cache = max(c for _, _, c, _ in per_cycle)
+    assert worst_cache < 1e-5, f"streamed cache rows differ from a full prefill by {worst_cache:.3g} (relative)"
+    assert worst_traj < 1e-3, f"streamed trajectories differ by {worst_traj:.3g} m"
+    kept = [p["reused"] for *_, p in per_cycle]
+    half = n_images // 2
+    assert kept == [0] * 5 + [half] * (CYCLES - 5), f"image blocks kept per cycle {kept}"
+    assert all(p["computed"] == n_images - p["reused"] for *_, p in per_cycle)
+
+
+def test_streaming_prefill_is_exact_on_a_drive_torch(drive, frame_local_ckpt):
+    def torch_planner(cfg):
+        be, tok = open_backend(ModelSource(checkpoint=frame_local_ckpt), cfg.max_len, k_max=cfg.spec.k_max)
+        return Planner(be, tok, cfg)
+    assert_exact(run_drive(torch_planner, drive))
+
+
+def test_a_changed_frame_under_a_known_identity_is_recomputed(drive, frame_local_ckpt):
+    be, tok = open_backend(ModelSource(checkpoint=frame_local_ckpt), 512)
+    full_be, _ = open_backend(ModelSource(checkpoint=frame_local_ckpt), 512)
+    stream, full = Planner(be, tok, profile(vision=True, prefill=True)), Planner(full_be, tok, profile())
+    c = drive.cycles[0]
+    frames = frames_of(c, stream.cfg.cameras)
+    stream.plan(c.images, c.history, frames=frames)
+    other = np.array(c.images)
+    other[1, 0] = 255 - other[1, 0]                    # same (camera, time), other pixels
+    res = stream.plan(other, c.history, frames=frames)
+    want = full.plan(other, c.history)
+    assert res.reuse["prefill"] == {"reused": 7, "computed": 1}
+    assert "frame_changed" in res.flags
+    assert res.reasoning_ids == want.reasoning_ids
+    rows = want.prompt_len
+    diff = np.abs(be.cache.numpy()[..., :rows, :] - full_be.cache.numpy()[..., :rows, :]).max()
+    assert diff < 1e-4, f"a stale image block was served (cache rows differ by {diff:.3g})"
+
+
+def test_streaming_asked_of_a_causal_target_is_refused():
+    be, tok = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+    with pytest.raises(ConfigError, match="frame_local.*causal|causal.*frame_local"):
+        Planner(be, tok, profile(vision=True, prefill=True))
+    with pytest.raises(ConfigError, match="reuse.vision"):
+        ReuseConfig(prefill=True)
+
+
+def test_the_frame_local_mask_keeps_each_image_block_to_itself():
+    IMG, VS, VE = 9, 7, 8
+    ids = torch.tensor([[1, 2, VS, IMG, IMG, VE, VS, IMG, VE, 3, 4]])
+    assert image_blocks(ids, IMG).tolist() == [[0, 0, 1, 1, 1, 1, 2, 2, 2, 0, 0]]
+    T = ids.shape[1]
+    rows = torch.arange(T)
+    m = frame_local_mask(ids, IMG, rows, rows[None, :] <= rows[:, None])[0, 0]
+    assert m[4].tolist() == [False] * 2 + [True] * 3 + [False] * 6      # a pad sees its block up to itself
+    assert m[6].tolist() == [False] * 6 + [True] + [False] * 4          # the next block's start: itself only
+    assert m[9].tolist() == [True] * 10 + [False]                       # text after: everything before
+    assert m[1].tolist() == [True, True] + [False] * 9
