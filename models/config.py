@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt.config import ConfigError, check_choice, check_range, load_named
+from prompt.graphs import IMAGE_ATTENTION
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
-IMAGE_ATTENTION = ("causal", "frame_local")
 VISION_STYLES = ("qwen3", "qwen2.5")
 
 

@@ -120,3 +120,38 @@ def test_the_frame_local_mask_keeps_each_image_block_to_itself():
     assert m[6].tolist() == [False] * 6 + [True] + [False] * 4          # the next block's start: itself only
     assert m[9].tolist() == [True] * 10 + [False]                       # text after: everything before
     assert m[1].tolist() == [True, True] + [False] * 9
+
+
+@pytest.fixture(scope="module")
+def frame_local_onnx(frame_local_ckpt, tmp_path_factory):
+    """The frame_local checkpoint exported to ONNX (with its image_blocks graph)."""
+    from export import onnx as ex
+
+    out = tmp_path_factory.mktemp("engines") / "tiny-frame-local-ort"
+    prof = load_planner_config("cpu")
+    ex.export_onnx(frame_local_ckpt, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
+                                                                samples=prof.trajectory_samples),
+                   progress=lambda *_: None)
+    return out
+
+
+def test_streaming_prefill_is_exact_on_a_drive_onnxruntime(drive, frame_local_onnx):
+    calls = []
+
+    def ort_planner(cfg):
+        be, tok = open_backend(ModelSource(engines=frame_local_onnx, threads=1), cfg.max_len, k_max=cfg.spec.k_max)
+        assert be.streams_prefill and be.image_attention == "frame_local"
+        be.watch_graphs = lambda g, inputs: calls.append((cfg.reuse.prefill, g, inputs))
+        return Planner(be, tok, cfg)
+    assert_exact(run_drive(ort_planner, drive))
+    streamed = [(g, i) for p, g, i in calls if p]
+    assert not any(g == "prefill" for g, _ in streamed), "a streaming planner ran the whole prefill graph"
+    blocks = [i["ids"].shape[0] for g, i in streamed if g == "image_blocks"]
+    assert blocks == [8] * 5 + [4] * (CYCLES - 5), f"image blocks computed per call {blocks}"
+
+
+def test_a_causal_export_has_no_streaming(tiny_onnx):
+    be, tok = open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)
+    assert be.image_attention == "causal" and not be.streams_prefill
+    with pytest.raises(ConfigError, match="frame_local"):
+        Planner(be, tok, profile(vision=True, prefill=True))

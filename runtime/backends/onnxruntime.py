@@ -27,8 +27,9 @@ import onnxruntime as ort
 
 from prompt.artifacts import ONNX_FORMAT, EnginesMeta
 from prompt.config import ConfigError, file_sha256
-from prompt.graphs import ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
-from runtime.backend import BackendSpec, PrefillInputs
+from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL,
+                           STEP, VISION, VISION_FRAME)
+from runtime.backend import BackendSpec, PrefillInputs, image_rows
 from runtime.backends.graphs import GraphBackend, split_frames
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
@@ -74,6 +75,33 @@ class OrtBackend(GraphBackend):
     def use_vision(self, frames: list) -> None:
         self.images = (np.concatenate([f[0] for f in frames]), np.concatenate([f[1] for f in frames], axis=1))
 
+    @property
+    def streams_prefill(self) -> bool:
+        return IMAGE_BLOCKS in self.sessions
+
+    def image_blocks(self, frames: list, ids: np.ndarray, positions: np.ndarray) -> list:
+        n, L = len(frames), len(ids)
+        cos, sin = self.target_rope(np.broadcast_to(np.asarray(positions)[:, None], (3, n, L)))
+        kv, feats = self._run(IMAGE_BLOCKS, ids=np.broadcast_to(np.asarray(ids, np.int64), (n, L)), cos=cos, sin=sin,
+                              image_embeds=np.stack([f[0] for f in frames]),
+                              deepstack=np.stack([f[1] for f in frames], axis=1))
+        return self.split_blocks(kv, feats)
+
+    def prefill_streamed(self, inputs: PrefillInputs, readout: str, blocks: list) -> np.ndarray:
+        ids = np.asarray(inputs.ids, np.int64)[None]
+        T = ids.shape[1]
+        self.check_rows(0, T)
+        first, end = image_rows(inputs)
+        pos = np.asarray(inputs.positions)
+        self.delta = int(inputs.rope_delta)
+        self._step(ids[:, :first], 0, pos[:, :first])
+        self.cache[..., first:end, :], feats = self.block_rows(blocks, pos[:, first:end])
+        if self.fused:
+            self.feats[first:end] = feats
+        logits, top = self._step(ids[:, end:], end, pos[:, end:])
+        self._draft_prefill(ids, pos, self.images[0], self.feats[None, :T] if self.fused else None)
+        return self.read(readout, lambda: top[0, -1:], lambda: logits[0, -1:])
+
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)[None]
         T = ids.shape[1]
@@ -88,11 +116,16 @@ class OrtBackend(GraphBackend):
         self.cache[..., :T, :] = kv
         if self.fused:
             self.feats[:T] = feats[0]
-        dcos, dsin = self.draft_rope(0, T, np.asarray(inputs.positions)[:, None])
-        extra = {"feats": np.concatenate([np.zeros_like(feats[:, :1]), feats[:, :-1]], 1)} if self.fused else {}
+        self._draft_prefill(ids, np.asarray(inputs.positions), embeds, feats if self.fused else None)
+        return self.read(readout, lambda: top[0, -1:], lambda: logits[0, -1:])
+
+    def _draft_prefill(self, ids, positions, embeds, feats) -> None:
+        """The draft's prompt rows; a fused draft reads the target's features (1, T, F) shifted."""
+        T = ids.shape[1]
+        dcos, dsin = self.draft_rope(0, T, positions[:, None])
+        extra = {"feats": np.concatenate([np.zeros_like(feats[:, :1]), feats[:, :-1]], 1)} if feats is not None else {}
         (dkv,) = self._run(DRAFT_PREFILL, ids=ids, cos=dcos, sin=dsin, image_embeds=embeds, **extra)
         self.draft_cache[..., :T, :] = dkv
-        return self.read(readout, lambda: top[0, -1:], lambda: logits[0, -1:])
 
     # --- draft, verify, action ---------------------------------------------------------------
     def draft(self, tokens, start: int, k: int, sampling=None):
@@ -138,10 +171,12 @@ class OrtBackend(GraphBackend):
         return wp[0].astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
-    def _step(self, ids: np.ndarray, start: int):
-        """Target step over ids (1, n) at `start`: writes the rows' K/V (and features)."""
+    def _step(self, ids: np.ndarray, start: int, positions=None):
+        """Target step over ids (1, n) at `start` (text positions row + delta, or `positions`
+        (3, n)): writes the rows' K/V (and features)."""
         n = ids.shape[1]
-        cos, sin = self.target_rope(np.arange(start, start + n)[None] + self.delta)
+        cos, sin = self.target_rope(np.arange(start, start + n)[None] + self.delta if positions is None
+                                    else np.asarray(positions)[:, None])
         logits, top, feats, kv = self._run(STEP, ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
                                            start=np.array([start], np.int64), allowed=self.allowed_rows(start + 1, n))
         self.cache[..., start:start + n, :] = kv
