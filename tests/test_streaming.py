@@ -40,7 +40,15 @@ def profile(**reuse):
 
 
 def target_cache(be) -> np.ndarray:
-    return be.cache.numpy() if be.name == "torch" else np.asarray(be.cache)
+    if be.name == "torch":
+        return be.cache.numpy()
+    if be.name == "onnxruntime":
+        return np.asarray(be.cache)
+    t = be.meta.target                      # the TensorRT double: device memory read back
+    host = np.zeros((t.layers, 2, 1, t.kv_heads, be.max_len, t.head_dim),
+                    np.float16 if be.kv["cache"][2] == 2 else np.float32)
+    be.cuda.d2h(host, be.cache, be.stream)
+    return host.astype(np.float32)
 
 
 def run_drive(open_planner, drive):
@@ -155,3 +163,22 @@ def test_a_causal_export_has_no_streaming(tiny_onnx):
     assert be.image_attention == "causal" and not be.streams_prefill
     with pytest.raises(ConfigError, match="frame_local"):
         Planner(be, tok, profile(vision=True, prefill=True))
+
+
+def test_streaming_prefill_is_exact_on_a_drive_tensorrt_double(drive, frame_local_onnx, tmp_path, monkeypatch):
+    import shutil
+
+    from fake_engines import TRT, build_fake_engines
+    from trt_doubles import FakeCudaRuntime, FakeTensorRT, install
+
+    out = tmp_path / "tiny-frame-local-trt"
+    shutil.copytree(frame_local_onnx, out)
+    build_fake_engines(out)
+    cuda = FakeCudaRuntime(sm=87)
+    install(monkeypatch, FakeTensorRT(cuda, TRT), cuda)
+
+    def trt_planner(cfg):
+        be, tok = open_backend(ModelSource(engines=out, backend="tensorrt"), cfg.max_len, k_max=cfg.spec.k_max)
+        assert be.streams_prefill and be.image_attention == "frame_local"
+        return Planner(be, tok, cfg)
+    assert_exact(run_drive(trt_planner, drive))
