@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from bench.closed_loop.gif import draw_case
 from bench.closed_loop.latency import parse_latency
-from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
+from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES, STREAM_MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
 from bench.closed_loop.report import table
 from bench.common.sources import default_tokenizer
 from bench.common.threads import torch_threads
@@ -28,7 +28,7 @@ class ClosedLoopRun:
     split: str = "test"
     seed: int = 0
     seconds: float | None = None    # drive length (None: the drive's own)
-    modes: str = ",".join(MODES)
+    modes: str = ""                 # '' = every mode the checkpoint runs (the streaming ones on a frame_local target)
     latency: str = "measured"
     budget_ms: str = str(DEFAULT_BUDGET_MS)
     profile: str = "cpu"
@@ -50,12 +50,14 @@ def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget
 def run(setup: ClosedLoopRun) -> int:
     """The command: every drive x mode x latency spec; JSON, table and GIFs under OUT/LATENCY."""
     base = load_planner_config(setup.profile)
-    modes = parse_modes(setup.modes)
+    asked = parse_modes(setup.modes) if setup.modes else None
     latencies = [parse_latency(s, base) for s in setup.latency.split(",")]
     budgets = parse_budgets(setup.budget_ms, len(latencies))
-    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
-    tok, backends = open_backends(setup.checkpoint, base, modes, budgets[0])
+    tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0])
+    streaming = backends["flat"].image_attention == "frame_local"
+    modes = asked or [m for m in MODES if streaming or m not in STREAM_MODES]
+    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
         out = Path(setup.out) / lat.label
         (out / "gif").mkdir(parents=True, exist_ok=True)

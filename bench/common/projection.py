@@ -286,16 +286,29 @@ def streamed_prefill(s: "Shapes", cfg: ModelConfig, w: Workload, T: int) -> Cost
     attending to itself alone (L keys); the kept blocks' keys rotated to their rows (read and
     written once); the rows outside the images in one call over the whole prompt (the text
     before the images, a few rows, priced with them); the draft's prompt rows as before."""
+    c = image_blocks_cost(s, cfg, w.streamed_images, w.image_hw)
+    c.extend(streamed_rest(s, cfg, w, T))
+    return c
+
+
+def image_blocks_cost(s: "Shapes", cfg: ModelConfig, blocks: int, image_hw) -> Cost:
+    """`blocks` image blocks in one call, each attending to its own L rows alone."""
+    L = image_block_rows(cfg, image_hw)
+    return s.target(blocks * L, L, L, 0) if blocks else Cost()
+
+
+def streamed_rest(s: "Shapes", cfg: ModelConfig, w: Workload, T: int, draft: bool = True) -> Cost:
+    """A streamed prefill after its new blocks: the kept blocks' keys rotated into the cache, the
+    rows outside the images over the whole prompt, [the draft's prompt rows]."""
     L, llm = image_block_rows(cfg, w.image_hw), cfg.target.llm
     c, ref = Cost(), s.impl == "reference"
-    if w.streamed_images:
-        c.extend(s.target(w.streamed_images * L, L, L, 0))
-    kept = (w.images - w.streamed_images) * L
+    kept = (w.images - (w.streamed_images or 0)) * L
     row_bytes = llm.layers * 2 * llm.kv_heads * llm.head_dim * s.kv
     c.add("rotate_kept_keys", 6 * kept * llm.layers * llm.kv_heads * llm.head_dim, 2 * kept * row_bytes)
     rest = T - w.images * L
     c.extend(s.target(rest, T, w.max_len, rest if ref else 1))
-    c.extend(s.draft(T, T, w.max_len, T if ref else 1))
+    if draft:
+        c.extend(s.draft(T, T, w.max_len, T if ref else 1))
     return c
 
 
