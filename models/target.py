@@ -7,6 +7,12 @@ M-RoPE + LM head over text and trajectory tokens. One readable page; blocks live
     cache = t.new_cache(batch, max_len)                  (layers, 2, B, kv_heads, max_len, D)
     logits, hiddens = t(ids, cos, sin, cache, start, embeds, deepstack, hidden_layers=(2, 6, 9))
 
+Image layout (cfg.llm.image_attention): "causal" is HF Qwen-VL's; under "frame_local" the rows
+of each image block (<|vision_start|> pads <|vision_end|>) attend to their own block alone and
+every other row to everything before it (models.layers.frame_local_mask, docs/architecture.md).
+A frame_local block's K before rope and its V depend on its pixels only: image_block_kv computes
+them on their own, write_image_blocks rotates the keys into a cache (streaming prefill).
+
 Prefill writes rows [0, T); each decode or verify call writes rows start..start+k-1 (index_copy_)
 and attends over the whole cache under a mask that hides rows > start + i (one static shape per
 k). Verifying k draft tokens is one call with T = k; rolling back after a rejection is passing
