@@ -125,6 +125,7 @@ class Backend(abc.ABC):
     # image_blocks / prefill_streamed exist (PlannerConfig.reuse.prefill, a frame_local target)
     image_attention = "causal"
     streams_prefill = False
+    approximates_prefill = False    # prefill_approximate exists (reuse.approximate_prefill, a causal target)
     readouts = READOUTS             # what `read` can give (an exact-only engine: ids alone)
     vocab_size: int
     max_len: int                    # cache capacity in tokens

@@ -127,6 +127,10 @@ class ReuseConfig:
     vision: bool = False
     lookup: bool = False
     prefill: bool = False
+    # APPROXIMATE, off by default, flagged approximate_prefill on every cycle it touches: on a causal
+    # target, a kept frame's K/V from the cycle that computed it (in that cycle's context) is rotated
+    # to its new rows, and only new frames are computed, in place (FlashDrive-style cache shifting)
+    approximate_prefill: bool = False
     max_frames: int = 32         # cached frames at most (a drive cycle: 4 cameras x 2 frames, the
                                  # older one seen 5 cycles before: 4 x 6 distinct times live)
     lookup_cycles: int = 4       # reasoning texts of that many last cycles are searched
@@ -137,9 +141,13 @@ class ReuseConfig:
         check_range("reuse.max_frames", self.max_frames, lo=1, hi=4096)
         check_range("reuse.lookup_cycles", self.lookup_cycles, lo=1, hi=64)
         check_range("reuse.lookup_ngram", self.lookup_ngram, lo=1, hi=8)
-        if self.prefill and not self.vision:
-            raise ConfigError("reuse.prefill keeps each frame's KV beside its vision features: "
-                              "turn reuse.vision on too (or reuse.prefill off)")
+        for name in ("prefill", "approximate_prefill"):
+            if getattr(self, name) and not self.vision:
+                raise ConfigError(f"reuse.{name} keeps each frame's KV beside its vision features: "
+                                  f"turn reuse.vision on too (or reuse.{name} off)")
+        if self.prefill and self.approximate_prefill:
+            raise ConfigError("reuse.prefill (exact, a frame_local target) and reuse.approximate_prefill "
+                              "(a causal target) exclude each other; choose one")
 
 
 @dataclass(frozen=True)

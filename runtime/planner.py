@@ -50,6 +50,8 @@ class Planner:
                               "turn reuse.vision off for it")
         if reuse.prefill:
             check_streaming(backend)
+        if reuse.approximate_prefill:
+            check_approximate(backend)
         self.vision_cache = VisionCache(reuse.max_frames) if reuse.vision else None
         self.lookup = Lookup(reuse.lookup_cycles, reuse.lookup_ngram) if reuse.lookup else None
         self.rng = np.random.default_rng(self.cfg.spec.seed)
@@ -144,3 +146,13 @@ def check_streaming(backend) -> None:
                           "frame_local checkpoint (configs/train/sft-frame-local.yaml) or turn reuse.prefill off")
     if not backend.streams_prefill:
         raise ConfigError(f"reuse.prefill: backend {backend.name!r} cannot stream the prefill; turn reuse.prefill off")
+
+
+def check_approximate(backend) -> None:
+    """reuse.approximate_prefill is for causal targets on a backend that can run it; else exit 2."""
+    if backend.image_attention != "causal":
+        raise ConfigError("reuse.approximate_prefill is for causal targets; this one is frame_local, whose "
+                          "streaming is exact: use reuse.prefill instead")
+    if not backend.approximates_prefill:
+        raise ConfigError(f"reuse.approximate_prefill: backend {backend.name!r} does not run it (torch only); "
+                          "turn it off")

@@ -96,9 +96,26 @@ class Cycle:
             if self.cfg.reuse.prefill:
                 blocks, self.res.reuse["prefill"] = stream_blocks(self.be, self.p.vision_cache.frames, inputs)
                 row = self.be.prefill_streamed(inputs, rule.readout, blocks)
+            elif self.cfg.reuse.approximate_prefill:
+                row = self._approximate_prefill(inputs, rule.readout)
             else:
                 row = self.be.prefill(inputs, rule.readout)
         return DecodeState.after_prefill(inputs.ids, rule.first(row))
+
+    def _approximate_prefill(self, inputs: PrefillInputs, readout: str):
+        """reuse.approximate_prefill (runtime/config.py): kept frames' K/V shifted, new frames computed
+        in place; flagged on every cycle that kept one."""
+        frames = self.p.vision_cache.frames
+        row, new = self.be.prefill_approximate(inputs, readout, [f.blocks for f in frames])
+        kept = sum(f.blocks is not None for f in frames)
+        for f, b in zip(frames, new):
+            f.blocks = f.blocks if b is None else b
+        self.res.reuse["prefill"] = {"reused": kept, "computed": len(frames) - kept}
+        if kept:
+            self.res.flags.append("approximate_prefill")
+            self.res.notes.append(f"approximate prefill: {kept} frame(s) kept with K/V computed in an earlier "
+                                  "cycle's context (a causal target); the reasoning may differ from a full prefill")
+        return row
 
     def _fallback_args(self) -> tuple:
         """The expert on the cache right after prefill: rows [0, prompt_len), no tokens written."""

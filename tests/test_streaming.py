@@ -182,3 +182,36 @@ def test_streaming_prefill_is_exact_on_a_drive_tensorrt_double(drive, frame_loca
         assert be.streams_prefill and be.image_attention == "frame_local"
         return Planner(be, tok, cfg)
     assert_exact(run_drive(trt_planner, drive))
+
+
+def test_the_approximate_mode_is_off_by_default_flagged_and_exact_until_it_keeps_a_frame(drive):
+    """reuse.approximate_prefill on the causal shipped target: cycles that keep no frame are a full
+    prefill's (the new blocks computed in place are causal prefill rows); every cycle that keeps
+    one is flagged approximate_prefill; it is refused on a frame_local target and off by default."""
+    assert not ReuseConfig().approximate_prefill
+    be, tok = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+    full_be, _ = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+    approx = Planner(be, tok, profile(vision=True, approximate_prefill=True))
+    full = Planner(full_be, tok, profile(vision=True))
+    for i, c in enumerate(drive.cycles):
+        frames = frames_of(c, full.cfg.cameras)
+        a, b = full.plan(c.images, c.history, frames=frames), approx.plan(c.images, c.history, frames=frames)
+        kept = b.reuse["prefill"]["reused"]
+        assert kept == (0 if i < 5 else 4), (i, b.reuse)
+        assert ("approximate_prefill" in b.flags) == (kept > 0)
+        if not kept:
+            assert a.reasoning_ids == b.reasoning_ids, i
+            rows = a.prompt_len
+            diff = np.abs(be.cache.numpy()[..., :rows, :] - full_be.cache.numpy()[..., :rows, :]).max()
+            assert diff < 1e-4, (i, diff)
+
+
+def test_the_approximate_mode_is_refused_where_it_does_not_apply(frame_local_ckpt, tiny_onnx):
+    be, tok = open_backend(ModelSource(checkpoint=frame_local_ckpt), 512)
+    with pytest.raises(ConfigError, match="exact: use reuse.prefill"):
+        Planner(be, tok, profile(vision=True, approximate_prefill=True))
+    ort_be, tok = open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)
+    with pytest.raises(ConfigError, match="torch only"):
+        Planner(ort_be, tok, profile(vision=True, approximate_prefill=True))
+    with pytest.raises(ConfigError, match="exclude each other"):
+        ReuseConfig(vision=True, prefill=True, approximate_prefill=True)

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from bench.closed_loop.gif import draw_case
 from bench.closed_loop.latency import parse_latency
-from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES, STREAM_MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
+from bench.closed_loop.loop import APPROX_MODES, DEFAULT_BUDGET_MS, MODES, STREAM_MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
 from bench.closed_loop.report import table
 from bench.common.sources import default_tokenizer
 from bench.common.threads import torch_threads
@@ -56,7 +56,7 @@ def run(setup: ClosedLoopRun) -> int:
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
     tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0])
     streaming = backends["flat"].image_attention == "frame_local"
-    modes = asked or [m for m in MODES if streaming or m not in STREAM_MODES]
+    modes = asked or [m for m in MODES if (streaming or m not in STREAM_MODES) and m not in APPROX_MODES]
     configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
         out = Path(setup.out) / lat.label

@@ -94,7 +94,7 @@ class Pricer:
         return cost.ms(self.dev, PRECISION)
 
     def _ms(self, call: str, a: int = 0, b: int = 0, c: int = 0) -> float:
-        from bench.common.projection import Workload, image_blocks_cost, streamed_rest
+        from bench.common.projection import Workload, image_block_rows, image_blocks_cost, streamed_rest
 
         s, L, ref = self.shapes, self.max_len, self.dev.impl == "reference"
         T = self.prompt_len
@@ -113,6 +113,11 @@ class Pricer:
             n = round(self.images * b / self.cycle_images)
             w = Workload(images=self.images, image_hw=self.image_hw, max_len=L, precision=PRECISION, streamed_images=n)
             return self._cost(streamed_rest(s, self.cfg, w, T, draft=bool(a)))
+        if call == "prefill_approximate":   # a: with the draft; b of a cycle's images computed in place
+            n = round(self.images * b / self.cycle_images)          # one call per new block, over the prompt
+            w = Workload(images=self.images, image_hw=self.image_hw, max_len=L, precision=PRECISION, streamed_images=n)
+            block = image_block_rows(self.cfg, self.image_hw)
+            return n * self._cost(s.target(block, T, L, 0)) + self._cost(streamed_rest(s, self.cfg, w, T, draft=bool(a)))
         if call == "draft":            # a fed tokens, then b - 1 more steps, at context c
             return self._cost(s.draft(a, c, L, 1)) + max(b - 1, 0) * self._cost(s.draft(1, c, L, 1))
         if call == "verify":           # width a at context c
@@ -171,6 +176,13 @@ class PricedBackend:
         self.tiny_prompt = len(inputs.ids)
         self._charge("prefill", self.pricer.ms("prefill_streamed", int(self.with_draft), self.new_blocks))
         self.new_blocks = 0
+        return out
+
+    def prefill_approximate(self, inputs, readout, blocks):
+        out = self._be.prefill_approximate(inputs, readout, blocks)
+        self.tiny_prompt = len(inputs.ids)
+        new = sum(b is None for b in blocks)
+        self._charge("prefill", self.pricer.ms("prefill_approximate", int(self.with_draft), new))
         return out
 
     def draft(self, tokens, start, k, sampling=None):

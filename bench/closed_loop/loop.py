@@ -43,8 +43,10 @@ MODES = {   # name -> PlannerConfig overrides
     "speculative+reuse+budget": {"budget": BUDGETED, "reuse": REUSE},
     "speculative+stream": {"budget": {"budget_ms": 0.0}, "reuse": STREAM},
     "speculative+stream+budget": {"budget": BUDGETED, "reuse": STREAM},
+    "speculative+approx": {"budget": {"budget_ms": 0.0}, "reuse": {**REUSE, "approximate_prefill": True}},
 }
 STREAM_MODES = ("speculative+stream", "speculative+stream+budget")   # run by default on a frame_local target
+APPROX_MODES = ("speculative+approx",)      # APPROXIMATE (a causal target): only when asked for by name
 DEFAULT_BUDGET_MS = 250.0
 TICK_MS = DT * 1e3
 

@@ -36,8 +36,9 @@ from bench.common.stats import latency
 
 SCHEMA = "specdrive-bench-drives/1"
 MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup", "spec+vision+stream",
-         "spec+vision+lookup+stream")
-STREAM_MODES = MODES[-2:]       # streaming prefill: a frame_local target only (by default where it is one)
+         "spec+vision+lookup+stream", "spec+vision+lookup+approx")
+STREAM_MODES = MODES[5:7]       # streaming prefill: a frame_local target only (by default where it is one)
+APPROX_MODES = MODES[7:]        # APPROXIMATE prefill reuse (a causal target): only when asked for by name
 GOAL_SPEEDUP, GOAL_VISION_CUT = 2.5, 0.40      # issue 26's bar
 GOAL_STREAM_SPEEDUP, GOAL_PREFILL_CUT = 2.3, 0.40   # streaming prefill's bar (every exact reuse)
 
@@ -83,10 +84,12 @@ def make_modes(cfg: DriveBenchConfig, streaming: bool = False) -> list[DriveMode
              DriveMode("spec+vision", True, ReuseConfig(vision=True)),
              DriveMode("spec+vision+lookup", True, ReuseConfig(vision=True, lookup=True)),
              DriveMode("spec+vision+stream", True, ReuseConfig(vision=True, prefill=True)),
-             DriveMode("spec+vision+lookup+stream", True, ReuseConfig(vision=True, lookup=True, prefill=True))]
+             DriveMode("spec+vision+lookup+stream", True, ReuseConfig(vision=True, lookup=True, prefill=True)),
+             DriveMode("spec+vision+lookup+approx", True,
+                       ReuseConfig(vision=True, lookup=True, approximate_prefill=True))]
     if cfg.modes is not None:
         return [m for m in modes if m.name == "plain" or m.name in cfg.modes]
-    return [m for m in modes if streaming or m.name not in STREAM_MODES]
+    return [m for m in modes if (streaming or m.name not in STREAM_MODES) and m.name not in APPROX_MODES]
 
 
 def mode_config(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> PlannerConfig:
@@ -143,10 +146,19 @@ def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: li
                 m.steps.clear()
                 res = _timed(planners[m.name], c, f"drive{di}/{ci}")
                 log[m.name].append(_cycle_row(di, ci, res, m.steps, tok)
-                                    | {"phase": phase_of(c), "family": c.family})
+                                    | {"phase": phase_of(c), "family": c.family, "ade_m": ade_of(res, c)})
                 bar.update()
     bar.close()
     return summarize(modes, log, cfg)
+
+
+def ade_of(res, cycle) -> float | None:
+    """Mean L2 (m) over the waypoints between the delivered trajectory and the drive's own future
+    (the expert's path); None without a trajectory."""
+    if res.trajectory is None:
+        return None
+    pred, fut = np.asarray(res.trajectory, float)[:, :2], np.asarray(cycle.future, float)[:, :2]
+    return float(np.linalg.norm(pred - fut, axis=1).mean())
 
 
 def phase_of(cycle) -> str:
@@ -235,8 +247,23 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float, vision0: float) 
             "frames_reused_per_cycle": round(tot["reused"] / max(len(rows), 1), 3),
             "blocks_kept_per_cycle": round(tot["blocks_kept"] / max(len(rows), 1), 3),
             "errors": sum(r["error"] is not None for r in rows),
+            "ade_m": _mean([r.get("ade_m") for r in rows]),
+            "ade_change_m": _ade_change(rows, plain),
+            "flagged_approximate": sum("approximate_prefill" in r["flags"] for r in rows),
             "identical": {"cycles": len(rows), "equal": len(rows) - len(differ), "differing": differ[:20]},
             "trajectory_max_diff_m": round(max(diffs), 6) if diffs else None}
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(float(np.mean(values)), 4) if values else None
+
+
+def _ade_change(rows: list, plain: list) -> float | None:
+    """Mean over the cycles both delivered of this mode's ADE minus plain decoding's (m)."""
+    pairs = [(r["ade_m"], q["ade_m"]) for r, q in zip(rows, plain)
+             if r.get("ade_m") is not None and q.get("ade_m") is not None]
+    return round(float(np.mean([a - b for a, b in pairs])), 4) if pairs else None
 
 
 def _tau_ratio(out: list):

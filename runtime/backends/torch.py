@@ -30,6 +30,7 @@ from models import io
 from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.draft import shift_features
+from models.rope import apply_rope
 from models.target import Target, write_image_blocks
 from prompt.config import ConfigError
 from prompt.graphs import SHAPES
@@ -45,6 +46,7 @@ class TorchBackend(Backend):
     name = "torch"
     reuses_vision = True
     streams_prefill = True
+    approximates_prefill = True
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = DEFAULT_MAX_LEN,
@@ -170,6 +172,47 @@ class TorchBackend(Backend):
             self.feats[end:T] = torch.cat(tail, -1)[0]
         self._draft_prefill(ids, pos, *self.images)
         return self._read(logits[0, -1:], readout, T)
+
+    @torch.no_grad()
+    def prefill_approximate(self, inputs: PrefillInputs, readout: str, blocks: list):
+        """APPROXIMATE (reuse.approximate_prefill, a causal target): blocks[i] None -> image i computed
+        in place (attending to every row before it), else its kept K/V rotated to its rows. -> (the
+        readout of row T-1, per image the block K/V computed now (K un-rotated) or None)."""
+        ids = torch.as_tensor(np.asarray(inputs.ids), device=self.device)[None]
+        T = ids.shape[1]
+        self.check_rows(0, T)
+        first, end = image_rows(inputs)
+        self.delta = int(inputs.rope_delta)
+        pos = torch.as_tensor(np.asarray(inputs.positions), device=self.device)[:, None]
+        cos, sin = self.target.rope(pos)
+        embeds, deep = self.images
+        layers, F = self.feature_layers, self.feats
+        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers)
+        if self.fused:
+            F[:first] = torch.cat(hid, -1)[0]
+        new, P = [], embeds.shape[0] // len(blocks)
+        for i, (s, n) in enumerate(inputs.image_spans):
+            a, b = s - 1, s + n + 1
+            rows = torch.arange(a, b, device=self.device)
+            if blocks[i] is not None:
+                write_image_blocks(self.cache, blocks[i][0], rows, cos[:, a:b], sin[:, a:b])
+                if self.fused:
+                    F[a:b] = blocks[i][1]
+                new.append(None)
+                continue
+            _, hid = self.target(ids[:, a:b], cos[:, a:b], sin[:, a:b], self.cache, a,
+                                 embeds[i * P:(i + 1) * P], [d[i * P:(i + 1) * P] for d in deep], layers)
+            kv = [(apply_rope(layer[0][:, :, a:b], cos[:, a:b], -sin[:, a:b]).clone(), layer[1][:, :, a:b].clone())
+                  for layer in self.cache]
+            f = torch.cat(hid, -1)[0].clone() if self.fused else None
+            if self.fused:
+                F[a:b] = f
+            new.append((kv, f))
+        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers)
+        if self.fused:
+            F[end:T] = torch.cat(tail, -1)[0]
+        self._draft_prefill(ids, pos, embeds, deep)
+        return self._read(logits[0, -1:], readout, T), new
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
         """(P, V) on the device once per phase; rows picked per token by sequence index."""
