@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
 
 STAGES = ("vision", "sft", "distill", "aarl")
-DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone")   # what `train distill` makes
+DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone", "eagle3")   # what `train distill` makes
 DRAFTS = DISTILLED + ("flat-aarl",)
 
 
