@@ -85,8 +85,11 @@ def pick_draft(drafts: dict, name: str | None, where) -> str:
             raise ConfigError(f"--draft {name!r}: {where} has the drafts {sorted(drafts)}")
         return name
     eagle3 = [n for n, d in drafts.items() if io.read_meta(d).config.get("draft", {}).get("arch") == "eagle3"]
-    if len(eagle3) != 1:
-        raise ConfigError(f"{where}: {len(eagle3)} EAGLE-3 drafts among {sorted(drafts)}; name one with --draft")
+    if not eagle3:
+        raise ConfigError(f"{where} has no EAGLE-3 draft (draft.arch 'eagle3') among {sorted(drafts)}: Edge-LLM runs "
+                          "EAGLE-3 drafts only; train one with configs/train/distill-eagle3.yaml")
+    if len(eagle3) > 1:
+        raise ConfigError(f"{where} has {len(eagle3)} EAGLE-3 drafts {sorted(eagle3)}; name one with --draft")
     return eagle3[0]
 
 
