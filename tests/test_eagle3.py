@@ -3,6 +3,7 @@ against models/eagle3.py, the layers it reads, the config refusals, greedy specu
 the torch backend, and its exported ONNX draft graphs against the torch draft."""
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +18,9 @@ from prompt.draft_vocab import build_d2t, token_counts
 from prompt.tokenizer import load_tokenizer
 from train import ckpt
 
-from test_draft_vocab import ROOT, TEXTS
-
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = ["the lead vehicle brakes ahead so slow down", "keep the lane at steady speed",
+         "a pedestrian crosses ahead so stop", "keep the lane"]
 TOK = load_tokenizer(ROOT / "checkpoints" / "tiny")
 
 
@@ -177,3 +179,32 @@ def test_the_onnx_draft_graphs_match_torch(models, tmp_path, graph):
     assert np.array_equal(fin, np.isfinite(got)) and 0 < fin.sum(-1).max() <= 48
     assert float(np.abs(got[fin] - want[fin]).max()) < 1e-4
     assert np.array_equal(top, want.argmax(-1))
+
+
+def test_the_training_chain_equals_the_drafting_chain(models):
+    """models/chain.py's teacher-forced passes (what distillation trains) give the logits the
+    draft gives when it drafts over its cache: the verified rows with target features, then its
+    own hidden for each chained row."""
+    from models.chain import chain_forward
+    from models.draft import shift_features
+
+    cfg, target, _ = models
+    _, d = eagle3(cfg, target, n=0)
+    B, T, first, P = 2, 20, 12, 4
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(20, 300, (B, T), generator=g)
+    feats = shift_features(torch.randn(B, T, 3 * cfg.target.llm.hidden, generator=g))
+    cos, sin = d.rope(torch.arange(T)[None].expand(B, T))
+    with torch.no_grad():
+        out = chain_forward(d, ids, cos, sin, feats, None, first, P)
+        for p in range(P):
+            for j in (first + p, T - 1):
+                cache = d.new_cache(B, T)
+                n = j - p + 1
+                logits, h = d(ids[:, :n], cos[:, :n], sin[:, :n], cache, 0, feats[:, :n])
+                h = h[:, -1:]
+                for r in range(n, j + 1):
+                    logits, h = d(ids[:, r:r + 1], cos[:, r:r + 1], sin[:, r:r + 1], cache, r, h)
+                got = out[p][0][:, j - int(out[p][2][0])]
+                err = (got - logits[:, -1]).abs().max().item()
+                assert err < 1e-4, f"pass {p} row {j}: max diff {err}"
