@@ -208,8 +208,8 @@ def eagle3_feature_layers(n_layers: int) -> tuple[int, int, int]:
     all_hidden_states[2, N//2, N-3], where all_hidden_states[i] is the input of layer i (index 0
     the embedding output): the outputs of layers 1, N//2 - 1 and N - 4."""
     if n_layers < 6:
-        raise ConfigError(f"an EAGLE-3 draft needs a target of at least 6 layers (layers 1, N//2-1, "
-                          f"N-4 distinct); this target has {n_layers}")
+        raise ConfigError(f"an EAGLE-3 draft reads target layers 1, N//2-1 and N-4, so it needs a target of "
+                          f"at least 6 layers; this target has {n_layers}")
     return (1, n_layers // 2 - 1, n_layers - 4)
 
 
