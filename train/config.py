@@ -18,7 +18,7 @@ from models.config import IMAGE_ATTENTION
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
 
 STAGES = ("vision", "sft", "distill", "aarl")
-DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone")   # what `train distill` makes
+DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone", "eagle3")   # what `train distill` makes
 DRAFTS = DISTILLED + ("flat-aarl",)
 
 
@@ -187,7 +187,8 @@ class ShipConfig:
         "mrope": "runs/distill-tiny/mrope-s0/ckpt/draft-mrope",
         "flat-standalone": "runs/distill-tiny/flat-standalone-s0/ckpt/draft-flat-standalone",
         "flat-aarl": "runs/aarl-tiny/ckpt/draft-flat-aarl",
-        "flat-v256": "runs/distill-tiny/flat-v256-s0/ckpt/draft-flat-v256"})
+        "flat-v256": "runs/distill-tiny/flat-v256-s0/ckpt/draft-flat-v256",
+        "eagle3-v256": "runs/distill-tiny/eagle3-v256-s0/ckpt/draft-eagle3-v256"})
     out: str = "checkpoints/tiny"
 
     def __post_init__(self):
