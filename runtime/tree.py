@@ -203,6 +203,7 @@ class TreeBuilder:
         scores, depths = np.asarray(self.scores), np.asarray(self.depths, np.int64)
         keep = select(scores, depths, self.shape.nodes)
         keep = keep[np.lexsort((keep, -scores[keep], depths[keep]))]
+        self.kept = keep
         index = {int(c): i for i, c in enumerate(keep)}
         parents = np.array([index[self.parents[c]] if self.parents[c] >= 0 else -1 for c in keep], np.int64)
         return Tree(np.array([self.tokens[c] for c in keep], np.int64), parents, depths[keep],
