@@ -161,8 +161,9 @@ class TreeBuilder:
         tree = b.tree()
     """
 
-    def __init__(self, shape: TreeShape):
+    def __init__(self, shape: TreeShape, expand: int | None = None):
         self.shape = shape
+        self.width = shape.topk if expand is None else int(expand)   # candidates fed per depth
         self.tokens, self.parents, self.depths, self.scores, self.rows = [], [], [], [], []
         self.frontier: list[int] = []
 
@@ -180,11 +181,12 @@ class TreeBuilder:
         self.frontier = self._add(-1, 1, 0.0, ids, logp)
 
     def expand(self) -> list[int] | None:
-        """The candidates to feed next (the K best of the deepest depth), or None: done."""
+        """The candidates to feed next (the K best of the deepest depth; `expand` of them when
+        given: 1 on a backend whose draft graphs take no tree mask), or None: done."""
         if not self.frontier or self.depths[self.frontier[0]] >= self.shape.depth:
             return None
         f = np.asarray(self.frontier)
-        best = select(np.asarray(self.scores)[f], np.asarray(self.depths)[f], self.shape.topk)
+        best = select(np.asarray(self.scores)[f], np.asarray(self.depths)[f], self.width)
         return [int(i) for i in f[np.sort(best)]]
 
     def children(self, nodes: list[int], rows, ids, logp) -> None:

@@ -263,3 +263,39 @@ def test_shipped_checkpoint_trees_equal_plain_on_real_scenes():
             assert all(r.decode["trees"] == r.decode["steps"] for r in res)
     assert outs["tree"] == outs["plain"] and all(len(o) > 10 for o in outs["plain"])
     assert np.mean(taus["tree"]) > 3.0
+
+
+# --- onnxruntime: the export's step_tree graph ---------------------------------------------------
+def _planner_outputs(be, tok, prof, spec_changes, scenes):
+    from runtime.config import with_overrides
+    from runtime.planner import Planner
+
+    planner = Planner(be, tok, with_overrides(prof, {"spec": spec_changes, "budget": {"budget_ms": 0.0}}))
+    return [planner.plan(np.asarray(s.images), np.asarray(s.history, np.float32)) for s in scenes]
+
+
+def test_onnxruntime_trees_equal_plain_on_real_scenes(tiny_onnx):
+    """The exported step_tree graph verifies the tree (the draft graphs expand one node per depth):
+    the reasoning equals plain decoding's on the same export, and trees were taken."""
+    from runtime.artifacts import ModelSource, backend_spec
+    from runtime.backend import load_backend
+    from runtime.config import load_planner_config
+    from scenes.world import make_scene
+
+    prof = load_planner_config("cpu")
+    name, spec = backend_spec(ModelSource(engines=tiny_onnx, backend="onnxruntime", threads=1), prof.max_len, None)
+    be = load_backend(name, spec)
+    assert be.takes_trees and be.tree_width == be.meta.k_max + 1
+    scenes = [make_scene(i, split="test") for i in range(3)]
+    plain = _planner_outputs(be, spec.tokenizer, prof, {"k": 0, "adaptive": False}, scenes)
+    tree = _planner_outputs(be, spec.tokenizer, prof, {"k": 8, "adaptive": False, "tree": "8,6,3"}, scenes)
+    assert [r.reasoning_ids for r in tree] == [r.reasoning_ids for r in plain]
+    assert all(r.decode["trees"] > 0 for r in tree) and np.mean([r.decode["tau"] for r in tree]) > 2.0
+    from runtime.config import PlannerConfig
+    from runtime.cycle import check_trees
+
+    with pytest.raises(ConfigError, match="allowed nodes <= 8"):
+        check_trees(be, PlannerConfig(spec=SpecConfig(tree="12,6,3")))
+    del be.sessions["step_tree"]            # an export made before token trees
+    with pytest.raises(ConfigError, match="cannot verify token trees"):
+        check_trees(be, PlannerConfig(spec=SpecConfig(tree="8,6,3")))
