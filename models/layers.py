@@ -10,6 +10,7 @@ Public API (stable):
     image_mask(ids, image_token_id, n_embeds) -> (B, T, 1) bool: where image embeddings go
     cache_rows(start, T, max_len, device) -> rows (T,), mask (T, max_len)
     tree_mask(start, tree, max_len)       (T, T) token-tree mask of one call's rows -> (T, max_len)
+    move_rows(buf, dim, start, rows)      rows `rows` of a cache along `dim` -> start, start+1, ..
     write_kv(cache, rows, k, v) -> (keys, values) of the whole layer cache
     Attention(hidden, heads, kv_heads, head_dim, qk_norm=False, qkv_bias=False, eps=1e-6)
         .qkv(x, cos, sin) -> q (B, H, T, D), k, v (B, KVH, T, D)   (norms and rope applied)
@@ -100,6 +101,14 @@ def tree_mask(start, tree: torch.Tensor, max_len: int) -> torch.Tensor:
     prefix = (keys < begin)[None, :].expand(T, max_len)
     rows = torch.arange(T, device=tree.device) + begin
     return prefix.index_copy(1, rows, tree.to(torch.bool))
+
+
+def move_rows(buf: torch.Tensor, dim: int, start: int, rows: torch.Tensor) -> None:
+    """buf's slices `rows` (n,) along `dim` -> start .. start+n-1, in place (read first, so the
+    ranges may overlap): a token tree's accepted path moved to the rows a chain would have
+    written, so the cache stays contiguous and rolling back stays a smaller `start`."""
+    dst = torch.arange(start, start + len(rows), device=buf.device)
+    buf.index_copy_(dim, dst, buf.index_select(dim, rows.to(buf.device)))
 
 
 def image_blocks(ids: torch.Tensor, image_token_id: int) -> torch.Tensor:

@@ -18,13 +18,42 @@ from runtime.config import BudgetConfig, SpecConfig
 from runtime.backend import PrefillInputs
 from runtime.loop import DecodeState, GreedyRule, decode, generate
 from runtime.tree import Tree, TreeBuilder, TreeShape, accept_greedy_tree, chain_tree, layout
-from test_spec_torch import GapRule, check_equal
 from tiny_torch import V, build, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = (TreeShape(8, 4, 2), TreeShape(12, 5, 3), TreeShape(6, 6, 1), TreeShape(16, 3, 6))
 
+TIE = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class GapRule(GreedyRule):
+    """Greedy, reading logits to record the top-2 gap of every chosen token (the plain reference)."""
+    readout = "logits"
+
+    def __init__(self):
+        self.gaps = []
+
+    def _pick(self, rows):
+        top2 = np.sort(rows, axis=-1)[:, -2:]
+        self.gaps += list(top2[:, 1] - top2[:, 0])
+        return rows.argmax(-1)
+
+    def first(self, row):
+        return int(self._pick(row)[0])
+
+    def accept(self, draft, q, rows):
+        return 0, int(self._pick(rows)[0])
+
+
+def check_equal(out, plain, gaps, where, ties):
+    """A mismatch is a bug unless the target's top-2 gap at the divergence is < 1e-5 (a near-tie
+    that float rounding of another verify width may flip)."""
+    if out == plain:
+        return
+    j = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b), min(len(out), len(plain)))
+    assert j < len(gaps) and gaps[j] < TIE, f"{where}: diverges at token {j}"
+    ties.append(where)
 
 
 class FixedTree(FixedK):

@@ -31,7 +31,7 @@ from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.draft import shift_features
 from models.rope import apply_rope
-from models.layers import tree_mask
+from models.layers import move_rows, tree_mask
 from models.target import Target, write_image_blocks
 from prompt.config import ConfigError
 from prompt.graphs import SHAPES
@@ -404,7 +404,7 @@ def _move(buf: torch.Tensor, dim: int, start: int, rows, device) -> None:
     src = torch.as_tensor(np.asarray(rows, np.int64), device=device)
     if not len(src) or bool((src == torch.arange(start, start + len(src), device=device)).all()):
         return
-    buf.index_copy_(dim, torch.arange(start, start + len(src), device=device), buf.index_select(dim, src))
+    move_rows(buf, dim, start, src)
 
 
 def check_image_tokens(ids, image_token_id: int, n_embeds: int) -> None:
