@@ -328,3 +328,25 @@ def test_onnxruntime_trees_equal_plain_on_real_scenes(tiny_onnx):
     del be.sessions["step_tree"]            # an export made before token trees
     with pytest.raises(ConfigError, match="cannot verify token trees"):
         check_trees(be, PlannerConfig(spec=SpecConfig(tree="8,6,3")))
+
+
+def test_the_adaptive_choice_takes_the_tree_only_when_its_measured_rate_wins():
+    from runtime.budget import tree_key
+
+    def policy(tree_tokens: float):
+        costs = CostModel(BudgetConfig())
+        costs.observe("draft", 1.0)
+        for w in range(1, 18):
+            costs.observe(("verify", w), 5.0 + 0.1 * w)
+        shape = TreeShape(16, 4, 4)
+        costs.observe(tree_key(shape), 6.0)
+        p = StepPolicy(costs, 4, True, 8, tree=shape)
+        for _ in range(10):
+            p.rate.observe(4, 2)            # a = 2/3: the best chain gives ~2.4 tokens per ~9 ms
+            p.tree_tau.observe(tree_tokens)
+        p.tree_tau.asked = 1                # past the first measuring steps, not a re-measuring one
+        return p, shape
+    p, shape = policy(4.5)                  # 4.5 tokens per 12.7 ms beats the chain
+    assert p.next_k(1, trees=True) == shape
+    p, shape = policy(1.2)                  # 1.2 tokens per 12.7 ms does not
+    assert isinstance(p.next_k(1, trees=True), int)
