@@ -12,6 +12,8 @@ Graphs (opset 18, fp32, standard ONNX ops; T = a dynamic row count, L = max_len)
                     -> logits (1, T, V) masked, argmax (1, T), feats (1, T, F), kv (layers, 2, 1, KVH, T, hd)
     step            ids (1, T), cos, sin, cache (layers, 2, 1, KVH, L, hd), start (1,), allowed
                     -> logits, argmax, feats, new_kv (the T new rows; the host writes them by index)
+    step_tree       the same with tree (T, T) bool: row i sees the prefix and this call's rows j with
+                    tree[i, j] (a token tree: runtime/tree.py; per-node positions are in cos/sin)
     draft_prefill   ids, cos, sin, features (1, T, F) | none, image_embeds -> kv
     draft_feed      ids, cos, sin, cache, start, [features (1, T, F)], allowed
                     -> logits, argmax, hidden (1, T, D), new_kv
@@ -46,10 +48,11 @@ from torch import nn
 
 from models import io
 from models.draft import Draft
+from models.layers import tree_mask
 from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
 from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS,
-                           IMAGE_BLOCKS, PREFILL, SHAPES, STEP, VISION, VISION_FRAME, graph_io as declared_io)
+                           IMAGE_BLOCKS, PREFILL, SHAPES, STEP, STEP_TREE, VISION, VISION_FRAME, graph_io as declared_io)
 from prompt.artifacts import ONNX_FORMAT as FORMAT, ONNX_VERSION as FORMAT_VERSION, OPSET, EnginesMeta, stamp_facts
 from prompt.pixels import images_to_patches
 
@@ -95,6 +98,16 @@ class StepGraph(nn.Module):
     def forward(self, ids, cos, sin, cache, start, allowed):
         cache = per_layer(cache)                              # the graph's copy (see the module doc)
         logits, hid = self.target(ids, cos, sin, cache, start, hidden_layers=self.layers)
+        return (*masked(logits, allowed), features(hid, ids), new_rows(cache, start, ids.shape[1]))
+
+
+class StepTreeGraph(StepGraph):
+    """The step over a token tree: tree (T, T) bool on the same width axis (models.layers.tree_mask)."""
+
+    def forward(self, ids, cos, sin, cache, start, allowed, tree):
+        cache = per_layer(cache)
+        mask = tree_mask(start, tree, cache[0][0].shape[-2])
+        logits, hid = self.target(ids, cos, sin, cache, start, hidden_layers=self.layers, tree=mask)
         return (*masked(logits, allowed), features(hid, ids), new_rows(cache, start, ids.shape[1]))
 
 
@@ -272,6 +285,10 @@ def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig, host_map
               {"ids": row, "cos": row, "sin": row, "image_embeds": None, "deepstack": None, "allowed": {0: "T"}}),
         graph(STEP, StepGraph(target, layers), (ids, cos, sin, cache, start, allowed),
               {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}),
+        graph(STEP_TREE, StepTreeGraph(target, layers),
+              (ids, cos, sin, cache, start, allowed, torch.tril(torch.ones(T, T, dtype=torch.bool))),
+              {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"},
+               "tree": {0: "T", 1: "T"}}),
     ]
     if target.cfg.llm.image_attention == "frame_local":     # streaming prefill (reuse.prefill)
         P, nb = N // (cfg.cameras * cfg.frames), 2

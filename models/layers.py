@@ -9,6 +9,8 @@ Public API (stable):
     expand_kv(t, heads)                    (B, KVH, ..., D) -> (B, H, ..., D) (grouped query)
     image_mask(ids, image_token_id, n_embeds) -> (B, T, 1) bool: where image embeddings go
     cache_rows(start, T, max_len, device) -> rows (T,), mask (T, max_len)
+    tree_mask(start, tree, max_len)       (T, T) token-tree mask of one call's rows -> (T, max_len)
+    move_rows(buf, dim, start, rows)      rows `rows` of a cache along `dim` -> start, start+1, ..
     write_kv(cache, rows, k, v) -> (keys, values) of the whole layer cache
     Attention(hidden, heads, kv_heads, head_dim, qk_norm=False, qkv_bias=False, eps=1e-6)
         .qkv(x, cos, sin) -> q (B, H, T, D), k, v (B, KVH, T, D)   (norms and rope applied)
@@ -85,6 +87,28 @@ def cache_rows(start, T: int, max_len: int, device=None) -> tuple[torch.Tensor, 
         raise ValueError(f"KV cache overflow: start={start} + T={T} > max_len={max_len}")
     rows = torch.arange(T, device=device) + (start.to(device) if torch.is_tensor(start) else start)
     return rows, torch.arange(max_len, device=device)[None, :] <= rows[:, None]
+
+
+def tree_mask(start, tree: torch.Tensor, max_len: int) -> torch.Tensor:
+    """A token tree's mask over the cache: tree (T, T) bool, tree[i, j] = row i of this call may
+    see row j of this call (itself and its ancestors), written at rows start .. start+T-1.
+    -> (T, max_len): every row before `start` (the accepted prefix) and the tree's own rows.
+    A chain is the lower triangle, and this is then cache_rows' causal mask. `start` an int or
+    a (1,) device tensor (CUDA graphs, ONNX export: nothing is read back)."""
+    T = tree.shape[0]
+    keys = torch.arange(max_len, device=tree.device)
+    begin = start.to(tree.device) if torch.is_tensor(start) else start
+    prefix = (keys < begin)[None, :].expand(T, max_len)
+    rows = torch.arange(T, device=tree.device) + begin
+    return prefix.index_copy(1, rows, tree.to(torch.bool))
+
+
+def move_rows(buf: torch.Tensor, dim: int, start: int, rows: torch.Tensor) -> None:
+    """buf's slices `rows` (n,) along `dim` -> start .. start+n-1, in place (read first, so the
+    ranges may overlap): a token tree's accepted path moved to the rows a chain would have
+    written, so the cache stays contiguous and rolling back stays a smaller `start`."""
+    dst = torch.arange(start, start + len(rows), device=buf.device)
+    buf.index_copy_(dim, dst, buf.index_select(dim, rows.to(buf.device)))
 
 
 def image_blocks(ids: torch.Tensor, image_token_id: int) -> torch.Tensor:

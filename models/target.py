@@ -63,7 +63,7 @@ class Target(nn.Module):
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: torch.Tensor | None = None, start=0,
                 image_embeds: torch.Tensor | None = None, deepstack=None,
-                hidden_layers=()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                hidden_layers=(), tree=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """ids (B, T); cos/sin (B, T, head_dim) -> logits (B, T, V) and, for each index i in
         hidden_layers, the residual stream after layer i (B, T, D) (DeepStack included).
 
@@ -74,6 +74,8 @@ class Target(nn.Module):
         image_embeds (N, D) fill the image tokens of `ids` in row-major (batch, then position)
         order. DeepStack: after LLM layer i (i < len(deepstack)) the image positions get
         deepstack[i] (N, D) added; the vision tokens must be in this call's `ids`.
+        tree (T, max_len) bool, with a cache and no images: replaces the causal mask (a token
+        tree: models.layers.tree_mask; the rows are still start .. start+T-1).
         """
         x = self.embed_tokens(ids)
         mask = None
@@ -88,6 +90,10 @@ class Target(nn.Module):
             raise ValueError(f"hidden_layers {missing} out of range; allowed 0..{len(self.layers) - 1}")
         rows, attn_mask = (None, None) if cache is None else \
             cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
+        if tree is not None:
+            if cache is None or mask is not None:
+                raise ValueError("a tree mask needs a cache and a call without images")
+            attn_mask = tree
         if mask is not None and self.cfg.llm.image_attention == "frame_local":
             if cache is None:
                 rows, causal = cache_rows(0, ids.shape[1], ids.shape[1], ids.device)

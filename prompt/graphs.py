@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 VISION, VISION_FRAME = "vision", "vision_frame"
 PREFILL, STEP = "prefill", "step"
+STEP_TREE = "step_tree"                 # the step with a token tree's (T, T) mask (runtime/tree.py)
 IMAGE_BLOCKS = "image_blocks"
 DRAFT_PREFILL, DRAFT_FEED, DRAFT_CHAIN = "draft_prefill", "draft_feed", "draft_chain"
 ACTION_VELOCITY, ACTION_OUTPUT = "action_velocity", "action_output"
@@ -47,6 +48,7 @@ IO = {
     VISION_FRAME: GraphIO(("patches",), ("image_embeds", "deepstack")),
     PREFILL: GraphIO(("ids", "cos", "sin", "image_embeds", "deepstack", "allowed"), ("logits", "argmax", "feats", "kv")),
     STEP: GraphIO(("ids", "cos", "sin", "cache", "start", "allowed"), ("logits", "argmax", "feats", "new_kv")),
+    STEP_TREE: GraphIO(("ids", "cos", "sin", "cache", "start", "allowed", "tree"), ("logits", "argmax", "feats", "new_kv")),
     IMAGE_BLOCKS: GraphIO(("ids", "cos", "sin", "image_embeds", "deepstack"), ("kv", "feats")),
     DRAFT_PREFILL: GraphIO(("ids", "cos", "sin", "image_embeds"), ("kv",)),
     DRAFT_FEED: _DRAFT_STEP,
@@ -55,8 +57,9 @@ IO = {
     ACTION_OUTPUT: GraphIO(("x", "v0"), ("waypoints",)),
 }
 GRAPHS = tuple(IO)                                     # every graph, in export order
-OPTIONAL = (VISION_FRAME, IMAGE_BLOCKS)                # an export may lack them (image_blocks:
-                                                       # only a frame_local target has it)
+OPTIONAL = (VISION_FRAME, IMAGE_BLOCKS, STEP_TREE)     # an export may lack them (image_blocks:
+                                                       # only a frame_local target has it; step_tree:
+                                                       # exports before token trees)
 FUSED_ONLY = (DRAFT_CHAIN,)                            # only a fused draft has it
 DRAFT_GRAPHS = (DRAFT_PREFILL, DRAFT_FEED, DRAFT_CHAIN)
 TARGET_LLM_GRAPHS = (PREFILL, STEP)

@@ -23,6 +23,13 @@ it are stale, never erased, and overwritten later.
                                     tokens -> (k,) ids, and the (k, V) probabilities they were
                                     sampled from when `sampling` is given (else None: argmax)
     verify(tokens, start, readout)  one target pass over `tokens` at `start`: one row each
+    draft_tree(tokens, start, shape)   feed `tokens` to the draft at `start`, then draft a token
+                                    tree (runtime/tree.py, EAGLE-2 style) -> Tree
+    verify_tree(tokens, start, readout, offsets, mask)  one target pass over pending tokens and
+                                    a tree's nodes at rows start.., positions start + offsets,
+                                    (w, w) tree mask: one row each (backends with takes_trees)
+    keep_rows(start, rows, draft_start, draft_rows)  move the accepted nodes' cache rows to
+                                    start.. (target) and draft_start.. (draft): contiguous again
     action(tokens, start, v0, seed) write `tokens` at `start`, run the action expert on the
                                     target cache [0, start+len(tokens)) -> (64, 3) waypoints
 
@@ -127,6 +134,10 @@ class Backend(abc.ABC):
     streams_prefill = False
     approximates_prefill = False    # prefill_approximate exists (reuse.approximate_prefill, a causal target)
     readouts = READOUTS             # what `read` can give (an exact-only engine: ids alone)
+    # takes_trees: draft_tree / verify_tree / keep_rows exist (token trees, runtime/tree.py);
+    # tree_width: the widest verify pass a tree may use (None: the cache's rows)
+    takes_trees = False
+    tree_width: int | None = None
     vocab_size: int
     max_len: int                    # cache capacity in tokens
 
@@ -186,6 +197,23 @@ class Backend(abc.ABC):
         values, prompt order): the kept keys are rotated to this prompt's rows, and only the
         rows before the first and after the last image are run. Same readout as prefill."""
         raise ConfigError(f"backend {self.name!r} cannot stream the prefill: turn reuse.prefill off")
+
+    def draft_tree(self, tokens: np.ndarray, start: int, shape):
+        """Feed `tokens` at draft row `start`, then draft a tree of `shape` (runtime.tree.TreeShape)
+        -> runtime.tree.Tree (greedy: the draft's top-K by cumulative log-probability)."""
+        raise ConfigError(f"backend {self.name!r} cannot draft token trees: use a chain (no spec.tree)")
+
+    def verify_tree(self, tokens: np.ndarray, start: int, readout: str, offsets: np.ndarray,
+                    mask: np.ndarray) -> np.ndarray:
+        """One target pass over `tokens` (pending tokens, then a tree's nodes) at rows start..,
+        token i at position start + offsets[i] (+ the rope delta), seeing the prefix and the rows j
+        of this call with mask[i, j] (runtime.tree.layout) -> the readout of every row."""
+        raise ConfigError(f"backend {self.name!r} cannot verify token trees: use a chain (no spec.tree)")
+
+    def keep_rows(self, start: int, rows: np.ndarray, draft_start: int, draft_rows: np.ndarray) -> None:
+        """Move target cache rows `rows` (and their features) to start, start+1, .. and draft cache
+        rows `draft_rows` to draft_start, ..: the accepted path of a tree, contiguous again."""
+        raise ConfigError(f"backend {self.name!r} cannot verify token trees: use a chain (no spec.tree)")
 
     # --- host logic shared by every backend --------------------------------------------------
     def action(self, tokens: np.ndarray, start: int, v0: float, seed: int,

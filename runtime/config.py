@@ -22,6 +22,7 @@ TRAJECTORY_SOURCES = ("expert", "tokens")
 FALLBACKS = ("worker", "inline", "on_failure")
 COMBINES = ("mean", "medoid")
 K_MAX_LIMIT = 16
+TREE_NODES_LIMIT = 64
 
 
 @dataclass
@@ -35,6 +36,12 @@ class SpecConfig:
     top_p: float = 0.98
     relax_r: int = 0                # Spec-VLA relaxed acceptance radius for trajectory tokens (bins)
     seed: int = 0                   # sampling RNG seed (per planner; each cycle draws from it)
+    # token trees (runtime/tree.py, EAGLE-2 style): "N,d,K" = at most N drafted nodes, depth <= d,
+    # top-K children per expanded node, verified in one target pass; "" = chains only. Greedy
+    # only: sampling keeps chains (no exact recursive rejection over siblings is implemented),
+    # and relaxed trajectory tokens too. With adaptive, each step chooses the tree or the best
+    # chain by measured tokens per ms; without, every step is this tree.
+    tree: str = ""
 
     def __post_init__(self):
         check_types(self)
@@ -45,6 +52,15 @@ class SpecConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"spec.top_p={self.top_p!r} is out of range; allowed (0, 1]")
         check_range("spec.relax_r", self.relax_r, lo=0)
+        if self.tree:
+            from runtime.tree import TreeShape
+            shape = TreeShape.parse(self.tree)
+            if shape.nodes > TREE_NODES_LIMIT:
+                raise ConfigError(f"spec.tree={self.tree!r}: nodes={shape.nodes} is not allowed; "
+                                  f"allowed 1..{TREE_NODES_LIMIT}")
+            if self.decoding != "greedy":
+                raise ConfigError(f"spec.tree={self.tree!r} needs decoding='greedy': sampling keeps "
+                                  "chains (set tree: '' with decoding='sample')")
         if self.relax_r and self.decoding != "greedy":
             raise ConfigError(f"spec.relax_r={self.relax_r} needs decoding='greedy' (relaxed "
                               "acceptance compares argmax bins); use relax_r=0 with 'sample'")

@@ -24,7 +24,7 @@ import numpy as np
 
 from prompt.config import ConfigError
 from runtime.acceptance import trajectory_range_ids
-from runtime.adaptive import AcceptanceRate
+from runtime.adaptive import AcceptanceRate, TreeTau
 from runtime.budget import CostModel, CycleBudget, wall_ms
 from runtime.checks import check_history, check_speed, comfortable_stop
 from runtime.config import PlannerConfig
@@ -44,6 +44,7 @@ class Planner:
         check_setup(backend, tokenizer, self.cfg)
         self.costs = CostModel(self.cfg.budget)     # learnt across cycles: the worst cases
         self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate(), "lookup": AcceptanceRate()}
+        self.tree_tau = TreeTau()       # tokens per tree step (spec.tree; runtime/tree.py)
         reuse = self.cfg.reuse
         if reuse.vision and not backend.reuses_vision:
             raise ConfigError(f"reuse.vision: backend {backend.name!r} cannot encode frames one by one; "

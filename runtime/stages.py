@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.adaptive import StepPolicy
+from runtime.tree import TreeShape
 from runtime.backend import PrefillInputs
 from runtime.budget import CycleBudget
 from runtime.checks import check_trajectory, comfortable_stop
@@ -128,9 +129,12 @@ class Cycle:
         """Reasoning steps are capped by the budget; trajectory tokens (token mode) are not,
         their whole decode is the trajectory stage. Each phase keeps its acceptance rate."""
         spec, reasoning = self.cfg.spec, phase == "reasoning"
+        tree = TreeShape.parse(spec.tree) if spec.tree else None
         return StepPolicy(self.p.costs, spec.k, spec.adaptive and spec.k > 0, spec.k_max,
                           cap=self.budget.cap if reasoning else None, rate=self.p.rates[phase],
-                          free_rate=self.p.rates["lookup"])
+                          free_rate=self.p.rates["lookup"], tree=tree,
+                          cap_tree=self.budget.cap_tree if reasoning else None,
+                          tree_tau=self.p.tree_tau)
 
     def _reason(self, state: DecodeState) -> None:
         stats, tok, store = DecodeStats(), self.tok, self.p.lookup

@@ -28,9 +28,10 @@ import onnxruntime as ort
 from prompt.artifacts import ONNX_FORMAT, EnginesMeta
 from prompt.config import ConfigError, file_sha256
 from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL,
-                           STEP, VISION, VISION_FRAME)
+                           STEP, STEP_TREE, VISION, VISION_FRAME)
 from runtime.backend import BackendSpec, PrefillInputs, image_rows
 from runtime.backends.graphs import GraphBackend, split_frames
+from runtime.tree import TreeBuilder
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -74,6 +75,17 @@ class OrtBackend(GraphBackend):
 
     def use_vision(self, frames: list) -> None:
         self.images = (np.concatenate([f[0] for f in frames]), np.concatenate([f[1] for f in frames], axis=1))
+
+    @property
+    def takes_trees(self) -> bool:
+        """The export has the step_tree graph (exports before token trees do not: re-export), at
+        the step graph's precision (calibration quantizes `step` only)."""
+        g = self.meta.graphs
+        return STEP_TREE in self.sessions and g[STEP_TREE].precision == g[STEP].precision
+
+    @property
+    def tree_width(self) -> int:
+        return self.meta.k_max + 1          # the verify widths the export was made for
 
     @property
     def streams_prefill(self) -> bool:
@@ -156,6 +168,74 @@ class OrtBackend(GraphBackend):
         self.check_rows(start, n)
         logits, top = self._step(ids, start)
         return self.read(readout, lambda: top[0], lambda: logits[0])
+
+    # --- token trees (runtime/tree.py) ----------------------------------------------------------
+    def draft_tree(self, tokens, start: int, shape):
+        """The draft graphs take no tree mask, so the draft expands its best node per depth (a
+        chain of draft_feed / draft_chain calls, each row's context its ancestors exactly) and
+        every expanded node proposes its top-K: the tree is that chain with its siblings."""
+        ids = np.asarray(tokens, np.int64)[None]
+        self.check_rows(start, ids.shape[1] + shape.depth - 1)
+        b, graph = TreeBuilder(shape, expand=1), DRAFT_FEED
+        feats = self.feed_features(start, ids.shape[1])
+        row, node = start, None
+        while True:
+            n = ids.shape[1]
+            cos, sin = self.draft_rope(row, n)
+            extra = {} if feats is None else {"feats": feats}
+            logits, _, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
+                                              start=np.array([row], np.int64),
+                                              allowed=self.draft_allowed(row + 1, n), **extra)
+            self.draft_cache[..., row:row + n, :] = kv
+            top_ids, top_lp = self._topk(logits[0, -1], shape.topk)
+            if node is None:
+                b.root(top_ids, top_lp)
+            else:
+                b.children([node], [row], top_ids[None], top_lp[None])
+            nodes = b.expand()
+            if nodes is None:
+                return b.tree()
+            node, row = nodes[0], row + n
+            ids = np.array([[b.tokens[node]]], np.int64)
+            if self.fused:
+                graph, feats = DRAFT_CHAIN, hidden[:, -1:]
+
+    def _topk(self, logits: np.ndarray, k: int):
+        """A draft graph's masked last-row logits (its head's, with a host map) -> the top-k target
+        ids and their log-probabilities."""
+        if self.host_map:
+            full = np.full(self.vocab_size, -np.inf, np.float32)
+            full[self.d2t] = logits
+            logits = full
+        z = logits.astype(np.float64)
+        z = z - z.max()
+        lp = z - np.log(np.exp(z).sum())
+        top = np.argsort(-lp, kind="stable")[:k]
+        return top.astype(np.int64), lp[top]
+
+    def verify_tree(self, tokens, start: int, readout: str, offsets, mask) -> np.ndarray:
+        ids = np.asarray(tokens, np.int64)[None]
+        n = ids.shape[1]
+        self.check_rows(start, n)
+        offsets = np.asarray(offsets, np.int64)
+        cos, sin = self.target_rope((start + offsets + self.delta)[None])
+        rows = (start + 1 + offsets - self.mask_first) % len(self.allowed)
+        logits, top, feats, kv = self._run(STEP_TREE, ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
+                                           start=np.array([start], np.int64), allowed=self.allowed[rows],
+                                           tree=np.asarray(mask, bool))
+        self.cache[..., start:start + n, :] = kv
+        if self.fused:
+            self.feats[start:start + n] = feats[0]
+        return self.read(readout, lambda: top[0], lambda: logits[0])
+
+    def keep_rows(self, start: int, rows, draft_start: int, draft_rows) -> None:
+        rows, draft_rows = np.asarray(rows, np.int64), np.asarray(draft_rows, np.int64)
+        if len(rows):
+            self.cache[..., start:start + len(rows), :] = self.cache[..., rows, :]
+            if self.fused:
+                self.feats[start:start + len(rows)] = self.feats[rows]
+        if len(draft_rows):
+            self.draft_cache[..., draft_start:draft_start + len(draft_rows), :] = self.draft_cache[..., draft_rows, :]
 
     def write(self, tokens, start: int) -> None:
         self._step(np.asarray(tokens, np.int64)[None], start)
