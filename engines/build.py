@@ -25,7 +25,7 @@ from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
 from prompt.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
 from prompt.config import ConfigError, file_sha256, to_dict
-from prompt.graphs import DRAFT_PREFILL, PREFILL, TARGET_LLM_GRAPHS
+from prompt.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, TARGET_LLM_GRAPHS
 
 BUILT, MISSING_TENSORRT = 0, 3
 INSTALL_TENSORRT = {
@@ -177,8 +177,9 @@ def dim_ranges(profile: EngineProfile, graph: str) -> list[dict]:
     s = profile.shapes
     rows = (1, s.max_prompt, s.max_prompt)
     verify = (1, s.k_max + 1, s.k_max + 1)
-    other = {"B": (1, 8, 64), "R": (1, s.max_prompt, s.max_len)}
-    if graph in (PREFILL, DRAFT_PREFILL):
+    images = s.cameras * s.frames
+    other = {"B": (1, 8, 64), "R": (1, s.max_prompt, s.max_len), "n": (1, images, images)}
+    if graph in (PREFILL, DRAFT_PREFILL, IMAGE_BLOCKS):
         return [{"T": rows, **other}]
     return [{"T": verify, **other}, {"T": rows, **other}]
 

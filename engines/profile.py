@@ -35,6 +35,9 @@ class GraphPrecision:
     vision_frame: str = "fp16"       # the one-image vision graph (reuse.vision)
     prefill: str = "fp16"
     step: str = "fp16"
+    step_tree: str = "fp16"          # the step over a token tree (runtime/tree.py); the onnxruntime
+                                     # backend verifies trees only where it matches `step`
+    image_blocks: str = "fp16"       # a frame_local target's image blocks on their own (reuse.prefill)
     draft_prefill: str = "fp16"
     draft_feed: str = "fp16"
     draft_chain: str = "fp16"

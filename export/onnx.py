@@ -12,6 +12,8 @@ Graphs (opset 18, fp32, standard ONNX ops; T = a dynamic row count, L = max_len)
                     -> logits (1, T, V) masked, argmax (1, T), feats (1, T, F), kv (layers, 2, 1, KVH, T, hd)
     step            ids (1, T), cos, sin, cache (layers, 2, 1, KVH, L, hd), start (1,), allowed
                     -> logits, argmax, feats, new_kv (the T new rows; the host writes them by index)
+    step_tree       the same with tree (T, T) bool: row i sees the prefix and this call's rows j with
+                    tree[i, j] (a token tree: runtime/tree.py; per-node positions are in cos/sin)
     draft_prefill   ids, cos, sin, features (1, T, F) | none, image_embeds -> kv
     draft_feed      ids, cos, sin, cache, start, [features (1, T, F)], allowed
                     -> logits, argmax, hidden (1, T, D), new_kv
@@ -46,10 +48,11 @@ from torch import nn
 
 from models import io
 from models.draft import Draft
+from models.layers import tree_mask
 from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
-from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS, PREFILL,
-                           SHAPES, STEP, VISION, VISION_FRAME, graph_io as declared_io)
+from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS,
+                           IMAGE_BLOCKS, PREFILL, SHAPES, STEP, STEP_TREE, VISION, VISION_FRAME, graph_io as declared_io)
 from prompt.artifacts import ONNX_FORMAT as FORMAT, ONNX_VERSION as FORMAT_VERSION, OPSET, EnginesMeta, stamp_facts
 from prompt.pixels import images_to_patches
 
@@ -96,6 +99,32 @@ class StepGraph(nn.Module):
         cache = per_layer(cache)                              # the graph's copy (see the module doc)
         logits, hid = self.target(ids, cos, sin, cache, start, hidden_layers=self.layers)
         return (*masked(logits, allowed), features(hid, ids), new_rows(cache, start, ids.shape[1]))
+
+
+class StepTreeGraph(StepGraph):
+    """The step over a token tree: tree (T, T) bool on the same width axis (models.layers.tree_mask)."""
+
+    def forward(self, ids, cos, sin, cache, start, allowed, tree):
+        cache = per_layer(cache)
+        mask = tree_mask(start, tree, cache[0][0].shape[-2])
+        logits, hid = self.target(ids, cos, sin, cache, start, hidden_layers=self.layers, tree=mask)
+        return (*masked(logits, allowed), features(hid, ids), new_rows(cache, start, ids.shape[1]))
+
+
+class ImageBlocksGraph(nn.Module):
+    """n image blocks of a frame_local target on their own (Target.image_block_kv): ids (n, L),
+    cos/sin (n, L, hd), image_embeds (n, P, D), deepstack (S, n, P, D) -> kv (layers, 2, n, KVH,
+    L, hd) with K before rope, feats (n, L, F)."""
+
+    def __init__(self, target, feature_layers):
+        super().__init__()
+        self.target, self.layers = target, tuple(feature_layers)
+
+    def forward(self, ids, cos, sin, image_embeds, deepstack):
+        embeds = image_embeds.reshape(-1, image_embeds.shape[-1])
+        deep = list(deepstack.reshape(deepstack.shape[0], -1, deepstack.shape[-1]).unbind(0))
+        kv, hid = self.target.image_block_kv(ids, cos, sin, embeds, deep, self.layers)
+        return torch.stack([torch.stack([k, v]) for k, v in kv]), features(hid, ids)
 
 
 def features(hid, ids):
@@ -256,7 +285,20 @@ def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig, host_map
               {"ids": row, "cos": row, "sin": row, "image_embeds": None, "deepstack": None, "allowed": {0: "T"}}),
         graph(STEP, StepGraph(target, layers), (ids, cos, sin, cache, start, allowed),
               {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"}}),
+        graph(STEP_TREE, StepTreeGraph(target, layers),
+              (ids, cos, sin, cache, start, allowed, torch.tril(torch.ones(T, T, dtype=torch.bool))),
+              {"ids": row, "cos": row, "sin": row, "cache": None, "start": None, "allowed": {0: "T"},
+               "tree": {0: "T", 1: "T"}}),
     ]
+    if target.cfg.llm.image_attention == "frame_local":     # streaming prefill (reuse.prefill)
+        P, nb = N // (cfg.cameras * cfg.frames), 2
+        bids = torch.full((nb, P + 2), 5)
+        bids[:, 1:P + 1] = target.cfg.image_token_id
+        blk = {0: "n"}
+        out.append(graph(IMAGE_BLOCKS, ImageBlocksGraph(target, layers),
+                         (bids, torch.ones(nb, P + 2, hd), torch.zeros(nb, P + 2, hd), torch.randn(nb, P, D),
+                          torch.randn(n_deep, nb, P, D)),
+                         {"ids": blk, "cos": blk, "sin": blk, "image_embeds": blk, "deepstack": {1: "n"}}))
     dp_args = (pids, torch.ones(1, N + 3, dl.head_dim), torch.zeros(1, N + 3, dl.head_dim), img[0])
     dp_dyn = {"ids": row, "cos": row, "sin": row, "image_embeds": None}
     feed_args = (ids, dcos, dsin, dcache, start,
@@ -354,7 +396,7 @@ def _meta(checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, shapes, 
         "target": {"vocab_size": t.llm.vocab_size, "head_dim": t.llm.head_dim, "rope_theta": t.llm.rope_theta,
                    "mrope_section": list(t.llm.mrope_section), "interleaved": t.llm.interleaved,
                    "layers": t.llm.layers, "kv_heads": t.llm.kv_heads, "hidden": t.llm.hidden,
-                   "image_token_id": t.image_token_id},
+                   "image_token_id": t.image_token_id, "image_attention": t.llm.image_attention},
         "draft_llm": {"head_dim": d.head_dim, "rope_theta": d.rope_theta, "mrope_section": list(d.mrope_section),
                       "interleaved": d.interleaved, "layers": d.layers, "kv_heads": d.kv_heads, "hidden": d.hidden},
         "action": {"loop": "host: one action_velocity call per Euler step, then action_output",

@@ -5,9 +5,10 @@ Public API (stable; models/draft.py, models/action_expert.py and train/ build on
     VisionConfig   vision tower (Qwen3-VL style, or Qwen2.5-VL style by `style`)
     LLMConfig      decoder LLM (GQA, RMSNorm, SwiGLU; q/k norm or qkv bias; M-RoPE settings)
     TargetConfig   VisionConfig + LLMConfig + the special token ids the forward needs
-    DraftConfig    routine reasoner: layers, rope "flat"|"mrope", features "fused"|"none",
-                   feature_layers (low, mid, top) = target layers whose outputs it reads,
-                   vocab (0: the target's LM head; N: a reduced head over N target tokens)
+    DraftConfig    routine reasoner: arch "specdrive"|"eagle3", layers, rope "flat"|"mrope",
+                   features "fused"|"none", feature_layers (low, mid, top) = target layers
+                   whose outputs it reads, vocab (0: the target's LM head; N: a reduced head
+                   over N target tokens)
     ExpertConfig   flow-matching action expert (its layer count = the target's layer count)
     ModelConfig    (target, draft, expert); `draft_llm()` gives the draft decoder's LLMConfig
     load_preset(name_or_path) -> ModelConfig   reads configs/models/NAME.yaml
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt.config import ConfigError, check_choice, check_range, load_named
+from prompt.graphs import IMAGE_ATTENTION
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 VISION_STYLES = ("qwen3", "qwen2.5")
@@ -100,8 +102,12 @@ class LLMConfig:
     qkv_bias: bool = False
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
+    # how image rows attend (models/layers.py frame_local_mask): "causal" is HF Qwen-VL's layout;
+    # "frame_local" keeps each image block (<|vision_start|> .. <|vision_end|>) to itself
+    image_attention: str = "causal"
 
     def __post_init__(self):
+        check_choice("llm.image_attention", self.image_attention, IMAGE_ATTENTION)
         for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
                      "vocab_size"):
             check_range(f"llm.{name}", getattr(self, name), lo=1)
@@ -130,10 +136,19 @@ class TargetConfig:
                               f"{self.vision_start_id} must be < llm.vocab_size={self.llm.vocab_size}")
 
 
+DRAFT_ARCHS = ("specdrive", "eagle3")
+
+
 @dataclass
 class DraftConfig:
     """Routine reasoner. It shares the target's embedding and LM head, so its width is the
-    target's; heads/head_dim/intermediate are the target's too (see ModelConfig.draft_llm)."""
+    target's; heads/head_dim/intermediate are the target's too (see ModelConfig.draft_llm).
+
+    arch "specdrive": the first layer reads in_proj([embed, fc(features)]) (models/draft.py).
+    arch "eagle3": EAGLE-3's midlayer (models/eagle3.py), the layout vLLM, SGLang, TensorRT-LLM
+    and TensorRT Edge-LLM read: one layer, fused features, no q/k norm, and by default the
+    target layers Edge-LLM's base export feeds (`eagle3_feature_layers`)."""
+    arch: str = "specdrive"
     layers: int = 1
     rope: str = "flat"
     features: str = "fused"
@@ -144,8 +159,13 @@ class DraftConfig:
     def __post_init__(self):
         check_range("draft.layers", self.layers, lo=1)
         check_range("draft.vocab", self.vocab, lo=0)
+        check_choice("draft.arch", self.arch, DRAFT_ARCHS)
         check_choice("draft.rope", self.rope, ("flat", "mrope"))
         check_choice("draft.features", self.features, ("fused", "none"))
+        if self.arch == "eagle3" and (self.layers != 1 or self.features != "fused"):
+            raise ConfigError(f"draft.arch='eagle3' is EAGLE-3's one midlayer over fused target "
+                              f"features: it needs layers=1 and features='fused' (got layers="
+                              f"{self.layers}, features={self.features!r})")
 
 
 @dataclass
@@ -185,6 +205,19 @@ def default_feature_layers(n_layers: int) -> tuple[int, int, int]:
     return (2, n_layers // 2, n_layers - 3)
 
 
+def eagle3_feature_layers(n_layers: int) -> tuple[int, int, int]:
+    """The target layers an EAGLE-3 base export feeds its draft, in this repository's indexing
+    (the residual after layer i, DeepStack included, as Target.forward's `hidden_layers`).
+
+    TensorRT Edge-LLM 0.11 (models/default/modeling_default.py, eagle_base) concatenates
+    all_hidden_states[2, N//2, N-3], where all_hidden_states[i] is the input of layer i (index 0
+    the embedding output): the outputs of layers 1, N//2 - 1 and N - 4."""
+    if n_layers < 6:
+        raise ConfigError(f"an EAGLE-3 draft reads target layers 1, N//2-1 and N-4, so it needs a target of "
+                          f"at least 6 layers; this target has {n_layers}")
+    return (1, n_layers // 2 - 1, n_layers - 4)
+
+
 @dataclass
 class ModelConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -194,7 +227,8 @@ class ModelConfig:
     def __post_init__(self):
         llm = self.target.llm
         if not self.draft.feature_layers:
-            self.draft.feature_layers = default_feature_layers(llm.layers)
+            self.draft.feature_layers = (eagle3_feature_layers(llm.layers) if self.draft.arch == "eagle3"
+                                         else default_feature_layers(llm.layers))
         _check_indices("draft.feature_layers", self.draft.feature_layers, llm.layers)
         if self.draft.features == "fused" and len(self.draft.feature_layers) != 3:
             raise ConfigError(f"draft.feature_layers={list(self.draft.feature_layers)} must "
@@ -208,9 +242,11 @@ class ModelConfig:
 
     def draft_llm(self) -> LLMConfig:
         """The draft decoder's LLMConfig: the target's widths, draft depth and rope scheme."""
-        flat = self.draft.rope == "flat"
-        return dataclasses.replace(self.target.llm, layers=self.draft.layers,
-                                   mrope_section=() if flat else self.target.llm.mrope_section)
+        flat, eagle3 = self.draft.rope == "flat", self.draft.arch == "eagle3"
+        llm = dataclasses.replace(self.target.llm, layers=self.draft.layers,
+                                  mrope_section=() if flat else self.target.llm.mrope_section)
+        # EAGLE-3's midlayer is Llama's attention: no q/k norm, no q/k/v bias
+        return dataclasses.replace(llm, qk_norm=False, qkv_bias=False) if eagle3 else llm
 
 
 def load_preset(name_or_path: str | Path) -> ModelConfig:

@@ -11,6 +11,8 @@ Inputs per row j (cache row start + j):
     f_j = fc([h_low, h_mid, h_top])  when `features` is (B, T, 3D): target hidden states
         = features                   when `features` is (B, T, D): the draft's own `hidden`
     first layer input = in_proj([x_j, f_j]);  features="none": the first layer input is x_j
+    arch="eagle3": the input is [x_j, f_j] (B, T, 2D) and the one layer is EAGLE-3's midlayer
+    (models/eagle3.py: q/k/v over the normed pair, the residual on f_j)
 Output: logits (B, T, V) = lm_head(norm(hidden)), hidden (B, T, D) the last layer's residual.
 
 Reduced head (cfg.draft.vocab = N > 0, EAGLE-3 / FR-Spec): the draft has its own head
@@ -41,6 +43,7 @@ import torch
 from torch import nn
 
 from models.config import ModelConfig
+from models.eagle3 import Eagle3Layer
 from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, new_kv_cache
 from models.rope import rope_cos_sin
 
@@ -56,10 +59,13 @@ class Draft(nn.Module):
                                  f"(vocab_size={self.llm.vocab_size}, hidden={D})")
         self._shared = (embed_tokens, lm_head)    # a tuple: not registered, not in state_dict
         self.image_token_id = cfg.target.image_token_id
+        self.eagle3 = self.cfg.arch == "eagle3"
         if self.cfg.features == "fused":
             self.fc = nn.Linear(len(self.cfg.feature_layers) * D, D, bias=False)
-            self.in_proj = nn.Linear(2 * D, D, bias=False)
-        self.layers = nn.ModuleList(DecoderBlock(self.llm) for _ in range(self.llm.layers))
+            if not self.eagle3:
+                self.in_proj = nn.Linear(2 * D, D, bias=False)
+        block = Eagle3Layer if self.eagle3 else DecoderBlock
+        self.layers = nn.ModuleList(block(self.llm) for _ in range(self.llm.layers))
         self.norm = RMSNorm(D, self.llm.norm_eps)
         if self.cfg.vocab:
             self.vocab_head = nn.Linear(D, self.cfg.vocab, bias=False)
@@ -117,15 +123,20 @@ class Draft(nn.Module):
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: torch.Tensor | None = None, start=0,
                 features: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None,
-                head_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                head_only: bool = False, tree=None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T), cos/sin (B, T, head_dim), cache (layers, 2, B, KVH, max_len, hd) or None
         (then causal over the T rows), features (B, T, 3D) | (B, T, D) | None (features="none")
         -> logits (B, T, V) (head_only: the head's own (B, T, N)), hidden (B, T, D). The cache
         contract is the target's: rows start..start+T-1 written by index, attention over all
-        max_len rows under a mask."""
+        max_len rows under a mask; `tree` (T, max_len) bool replaces that causal mask (a token
+        tree's nodes: each sees the prefix and its ancestors, wherever their rows are)."""
         x = self.inputs(ids, features, image_embeds)
         rows, mask = (None, None) if cache is None else \
             cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
+        if tree is not None:
+            if cache is None:
+                raise ValueError("a tree mask needs a cache")
+            mask = tree
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask)
         logits = self.head(x)
@@ -134,13 +145,15 @@ class Draft(nn.Module):
     def inputs(self, ids: torch.Tensor, features: torch.Tensor | None,
                image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """The first layer's input (B, T, D): in_proj([embed(ids), fc(features)]) for a fused
-        draft, embed(ids) for a standalone one (image-pad rows: the target's image embeddings)."""
+        draft, embed(ids) for a standalone one (image-pad rows: the target's image embeddings);
+        (B, T, 2D) [embed(ids), fc(features)] for an EAGLE-3 draft (its midlayer norms each half)."""
         x = self.embed_tokens(ids)
         if image_embeds is not None:
             mask = image_mask(ids, self.image_token_id, image_embeds.shape[0])
             x = x.masked_scatter(mask, image_embeds.to(x.dtype))
         if self.cfg.features == "fused":
-            return self.in_proj(torch.cat([x, self._fuse(features, ids.shape)], dim=-1))
+            x2 = torch.cat([x, self._fuse(features, ids.shape)], dim=-1)
+            return x2 if self.eagle3 else self.in_proj(x2)
         if features is not None:
             raise ValueError("this draft has features='none' (standalone); pass features=None")
         return x

@@ -9,6 +9,8 @@ Public API (stable):
     expand_kv(t, heads)                    (B, KVH, ..., D) -> (B, H, ..., D) (grouped query)
     image_mask(ids, image_token_id, n_embeds) -> (B, T, 1) bool: where image embeddings go
     cache_rows(start, T, max_len, device) -> rows (T,), mask (T, max_len)
+    tree_mask(start, tree, max_len)       (T, T) token-tree mask of one call's rows -> (T, max_len)
+    move_rows(buf, dim, start, rows)      rows `rows` of a cache along `dim` -> start, start+1, ..
     write_kv(cache, rows, k, v) -> (keys, values) of the whole layer cache
     Attention(hidden, heads, kv_heads, head_dim, qk_norm=False, qkv_bias=False, eps=1e-6)
         .qkv(x, cos, sin) -> q (B, H, T, D), k, v (B, KVH, T, D)   (norms and rope applied)
@@ -87,6 +89,58 @@ def cache_rows(start, T: int, max_len: int, device=None) -> tuple[torch.Tensor, 
     return rows, torch.arange(max_len, device=device)[None, :] <= rows[:, None]
 
 
+def tree_mask(start, tree: torch.Tensor, max_len: int) -> torch.Tensor:
+    """A token tree's mask over the cache: tree (T, T) bool, tree[i, j] = row i of this call may
+    see row j of this call (itself and its ancestors), written at rows start .. start+T-1.
+    -> (T, max_len): every row before `start` (the accepted prefix) and the tree's own rows.
+    A chain is the lower triangle, and this is then cache_rows' causal mask. `start` an int or
+    a (1,) device tensor (CUDA graphs, ONNX export: nothing is read back)."""
+    T = tree.shape[0]
+    keys = torch.arange(max_len, device=tree.device)
+    begin = start.to(tree.device) if torch.is_tensor(start) else start
+    prefix = (keys < begin)[None, :].expand(T, max_len)
+    rows = torch.arange(T, device=tree.device) + begin
+    return prefix.index_copy(1, rows, tree.to(torch.bool))
+
+
+def move_rows(buf: torch.Tensor, dim: int, start: int, rows: torch.Tensor) -> None:
+    """buf's slices `rows` (n,) along `dim` -> start .. start+n-1, in place (read first, so the
+    ranges may overlap): a token tree's accepted path moved to the rows a chain would have
+    written, so the cache stays contiguous and rolling back stays a smaller `start`."""
+    dst = torch.arange(start, start + len(rows), device=buf.device)
+    buf.index_copy_(dim, dst, buf.index_select(dim, rows.to(buf.device)))
+
+
+def image_blocks(ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """(B, T) ids -> (B, T) int64 block number: k >= 1 on the rows of the k-th image block
+    (<|vision_start|>, its <|image_pad|> run, <|vision_end|>), 0 on every other row. A block is
+    found from its pad run alone: the row before the run and the row after it belong to it."""
+    pad = ids == image_token_id
+    before = torch.zeros_like(pad)
+    before[:, :-1] = pad[:, 1:] & ~pad[:, :-1]                 # <|vision_start|>: a pad run follows
+    after = torch.zeros_like(pad)
+    after[:, 1:] = pad[:, :-1] & ~pad[:, 1:]                   # <|vision_end|>: a pad run precedes
+    number = torch.cumsum(before.long(), dim=1)
+    return torch.where(pad | before | after, number, torch.zeros_like(number))
+
+
+def frame_local_mask(ids: torch.Tensor, image_token_id: int, rows: torch.Tensor,
+                     causal: torch.Tensor) -> torch.Tensor:
+    """The frame-local attention layout (LLMConfig.image_attention = "frame_local").
+
+    ids (B, T) written at cache rows `rows` (T,); causal (T, L) the call's causal mask over L
+    key rows. Returns (B, 1, T, L) bool: a row of an image block (image_blocks) sees only the
+    rows of its own block at or before it (not the text before the image, not other images);
+    every other row sees every row at or before it, as under "causal". Key rows outside this
+    call are never in a block of this call, so the blocks must be written by the call that
+    holds them (prefill), as DeepStack already requires."""
+    seg = image_blocks(ids, image_token_id)                                  # (B, T)
+    keys = torch.full((ids.shape[0], causal.shape[-1]), -1, dtype=seg.dtype, device=seg.device)
+    keys = keys.index_copy(1, rows, seg)                                     # (B, L)
+    own = seg[:, :, None] == keys[:, None, :]
+    return (causal[None] & ((seg == 0)[:, :, None] | own))[:, None]
+
+
 def write_kv(cache, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """cache (2, B, KVH, max_len, D) (or a pair [K, V] of (B, KVH, max_len, D): the export's
     per-layer copies) <- k, v (B, KVH, T, D) at `rows` (T,); -> all K, all V."""
@@ -128,12 +182,17 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x (B, T, hidden) -> q (B, H, T, D), k, v (B, KVH, T, D); rope on q and k."""
+    def project(self, x: torch.Tensor):
+        """x (B, T, hidden) -> q (B, H, T, D), k, v (B, KVH, T, D) before rope (norms applied)."""
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, T, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (B, T, hidden) -> q (B, H, T, D), k, v (B, KVH, T, D); rope on q and k."""
+        q, k, v = self.project(x)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 

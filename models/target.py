@@ -7,6 +7,12 @@ M-RoPE + LM head over text and trajectory tokens. One readable page; blocks live
     cache = t.new_cache(batch, max_len)                  (layers, 2, B, kv_heads, max_len, D)
     logits, hiddens = t(ids, cos, sin, cache, start, embeds, deepstack, hidden_layers=(2, 6, 9))
 
+Image layout (cfg.llm.image_attention): "causal" is HF Qwen-VL's; under "frame_local" the rows
+of each image block (<|vision_start|> pads <|vision_end|>) attend to their own block alone and
+every other row to everything before it (models.layers.frame_local_mask, docs/architecture.md).
+A frame_local block's K before rope and its V depend on its pixels only: image_block_kv computes
+them on their own, write_image_blocks rotates the keys into a cache (streaming prefill).
+
 Prefill writes rows [0, T); each decode or verify call writes rows start..start+k-1 (index_copy_)
 and attends over the whole cache under a mask that hides rows > start + i (one static shape per
 k). Verifying k draft tokens is one call with T = k; rolling back after a rejection is passing
@@ -18,8 +24,9 @@ import torch
 from torch import nn
 
 from models.config import TargetConfig
-from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, new_kv_cache
-from models.rope import rope_cos_sin
+from models.layers import (DecoderBlock, RMSNorm, attend, cache_rows, frame_local_mask, image_mask,
+                           new_kv_cache)
+from models.rope import apply_rope, rope_cos_sin
 from models.vision import VisionTower
 
 
@@ -56,7 +63,7 @@ class Target(nn.Module):
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: torch.Tensor | None = None, start=0,
                 image_embeds: torch.Tensor | None = None, deepstack=None,
-                hidden_layers=()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                hidden_layers=(), tree=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """ids (B, T); cos/sin (B, T, head_dim) -> logits (B, T, V) and, for each index i in
         hidden_layers, the residual stream after layer i (B, T, D) (DeepStack included).
 
@@ -67,6 +74,8 @@ class Target(nn.Module):
         image_embeds (N, D) fill the image tokens of `ids` in row-major (batch, then position)
         order. DeepStack: after LLM layer i (i < len(deepstack)) the image positions get
         deepstack[i] (N, D) added; the vision tokens must be in this call's `ids`.
+        tree (T, max_len) bool, with a cache and no images: replaces the causal mask (a token
+        tree: models.layers.tree_mask; the rows are still start .. start+T-1).
         """
         x = self.embed_tokens(ids)
         mask = None
@@ -81,6 +90,17 @@ class Target(nn.Module):
             raise ValueError(f"hidden_layers {missing} out of range; allowed 0..{len(self.layers) - 1}")
         rows, attn_mask = (None, None) if cache is None else \
             cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
+        if tree is not None:
+            if cache is None or mask is not None:
+                raise ValueError("a tree mask needs a cache and a call without images")
+            attn_mask = tree
+        if mask is not None and self.cfg.llm.image_attention == "frame_local":
+            if cache is None:
+                rows, causal = cache_rows(0, ids.shape[1], ids.shape[1], ids.device)
+                attn_mask = frame_local_mask(ids, self.cfg.image_token_id, rows, causal)
+                rows = None
+            else:
+                attn_mask = frame_local_mask(ids, self.cfg.image_token_id, rows, attn_mask)
         hiddens = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], rows, attn_mask)
@@ -89,9 +109,50 @@ class Target(nn.Module):
             hiddens[i] = x
         return self.head(x), [hiddens[i] for i in hidden_layers]
 
+    def image_block_kv(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       image_embeds: torch.Tensor, deepstack=(), hidden_layers=()
+                       ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
+        """Frame-local targets: the K (before rope) and V of image blocks computed on their own.
+
+        ids (n, L): n whole image blocks (<|vision_start|> pads <|vision_end|>) of one length;
+        cos/sin (n, L, head_dim) at any positions (only differences reach the attention);
+        image_embeds / deepstack: the n images' features in order. Returns per layer (k, v),
+        each (n, KVH, L, D). Under "frame_local" a block's rows attend to that block alone, so
+        these are the rows a full prefill writes, before its keys are rotated to their slot
+        (write_image_blocks): a function of the image's pixels alone. Also the residual stream
+        after each layer of hidden_layers (n, L, D), as forward() gives it."""
+        if self.cfg.llm.image_attention != "frame_local":
+            raise ValueError("image_block_kv needs a frame_local target (llm.image_attention); "
+                             f"this one is {self.cfg.llm.image_attention!r}")
+        x = self.embed_tokens(ids)
+        mask = image_mask(ids, self.cfg.image_token_id, image_embeds.shape[0])
+        x = x.masked_scatter(mask, image_embeds.to(x.dtype))
+        deepstack, out, hiddens = list(deepstack or []), [], {}
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.self_attn.project(layer.input_layernorm(x))
+            out.append((k, v))
+            attn = attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, causal=True)
+            x = layer.finish(x, attn)
+            if i < len(deepstack):
+                x = x + torch.zeros_like(x).masked_scatter(mask, deepstack[i].to(x.dtype))
+            hiddens[i] = x
+        return out, [hiddens[i] for i in hidden_layers]
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Residual stream (B, T, D) -> logits (B, T, V)."""
         return self.lm_head(self.norm(x))
+
+
+def write_image_blocks(cache, block_kv, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Write image blocks' K/V (Target.image_block_kv: per layer (k, v) (n, KVH, L, D), k before
+    rope) into a batch-1 cache at `rows` (n*L,), the n blocks in order; the keys rotated by
+    cos/sin (1, n*L, head_dim), this cycle's positions of those rows."""
+    for layer, (k, v) in zip(cache, block_kv):
+        n, kvh, L, d = k.shape
+        k = k.permute(1, 0, 2, 3).reshape(1, kvh, n * L, d)
+        v = v.permute(1, 0, 2, 3).reshape(1, kvh, n * L, d)
+        layer[0].index_copy_(2, rows, apply_rope(k, cos, sin).to(layer[0].dtype))
+        layer[1].index_copy_(2, rows, v.to(layer[1].dtype))
 
 
 def _init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from prompt.config import ConfigError, read_json
-from prompt.graphs import DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, OPTIONAL, VISION, \
-    VISION_FRAME, graph_io, required_graphs
+from prompt.graphs import DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, IMAGE_ATTENTION, IMAGE_BLOCKS, \
+    OPTIONAL, VISION, VISION_FRAME, graph_io, required_graphs
 from prompt.pixels import images_to_patches
 
 META = "meta.json"
@@ -117,6 +117,7 @@ class LlmDims:
     hidden: int
     vocab_size: int | None = None
     image_token_id: int | None = None
+    image_attention: str = "causal"     # target: models LLMConfig.image_attention (older exports: causal)
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,8 @@ def _vision(f: Table) -> VisionDims:
 def _llm(f: Table, target: bool = False) -> LlmDims:
     return LlmDims(f("head_dim", int), f("rope_theta", float), tuple(f("mrope_section", list)),
                    f("interleaved", bool), f("layers", int), f("kv_heads", int), f("hidden", int),
-                   f("vocab_size", int) if target else None, f("image_token_id", int) if target else None)
+                   f("vocab_size", int) if target else None, f("image_token_id", int) if target else None,
+                   f("image_attention", str, "causal") if target else "causal")
 
 
 def _action(f: Table) -> ActionShapes:
@@ -314,6 +316,11 @@ def _check_declared_shapes(where: str, meta: EnginesMeta) -> None:
     wants = [(VISION, "patches", list(patches.shape))]
     if VISION_FRAME in graphs:
         wants.append((VISION_FRAME, "patches", [patches.shape[0] // len(images), patches.shape[1]]))
+    if t.image_attention not in IMAGE_ATTENTION:
+        raise ConfigError(f"{where}: field 'target.image_attention' = {t.image_attention!r}; allowed {list(IMAGE_ATTENTION)}")
+    if IMAGE_BLOCKS in graphs and t.image_attention != "frame_local":
+        raise ConfigError(f"{where}: graph {IMAGE_BLOCKS!r} streams the prefill of a frame_local target, but "
+                          f"target.image_attention is {t.image_attention!r}: the graphs are of another target")
     fused = meta.draft_features == "fused"
     for graph in (DRAFT_FEED, DRAFT_PREFILL):
         if (graphs[graph].dims(FEATS) is not None) != fused:

@@ -9,6 +9,8 @@ profile, the export, the engine profiles, the projection), so a default changes 
     VISION          patches -> image_embeds, deepstack            (one cycle's images)
     VISION_FRAME    the same for one image (reuse.vision; optional: older exports lack it)
     PREFILL         ids, cos, sin, image_embeds, deepstack, allowed -> logits, argmax, feats, kv
+    IMAGE_BLOCKS    ids, cos, sin, image_embeds, deepstack -> kv, feats   (n image blocks on their own:
+                    K before rope; frame_local targets only, reuse.prefill)
     STEP            ids, cos, sin, cache, start, allowed -> logits, argmax, feats, new_kv
     DRAFT_PREFILL   ids, cos, sin, image_embeds [, feats] -> kv
     DRAFT_FEED      ids, cos, sin, cache, start, allowed [, feats] -> logits, argmax, hidden, new_kv
@@ -25,9 +27,12 @@ from dataclasses import dataclass
 
 VISION, VISION_FRAME = "vision", "vision_frame"
 PREFILL, STEP = "prefill", "step"
+STEP_TREE = "step_tree"                 # the step with a token tree's (T, T) mask (runtime/tree.py)
+IMAGE_BLOCKS = "image_blocks"
 DRAFT_PREFILL, DRAFT_FEED, DRAFT_CHAIN = "draft_prefill", "draft_feed", "draft_chain"
 ACTION_VELOCITY, ACTION_OUTPUT = "action_velocity", "action_output"
 FEATS = "feats"                         # a fused draft's extra input
+IMAGE_ATTENTION = ("causal", "frame_local")   # a target's image layout (models LLMConfig.image_attention)
 DRAFT_FEATURES = ("fused", "none")      # meta.json draft_features
 
 
@@ -43,6 +48,8 @@ IO = {
     VISION_FRAME: GraphIO(("patches",), ("image_embeds", "deepstack")),
     PREFILL: GraphIO(("ids", "cos", "sin", "image_embeds", "deepstack", "allowed"), ("logits", "argmax", "feats", "kv")),
     STEP: GraphIO(("ids", "cos", "sin", "cache", "start", "allowed"), ("logits", "argmax", "feats", "new_kv")),
+    STEP_TREE: GraphIO(("ids", "cos", "sin", "cache", "start", "allowed", "tree"), ("logits", "argmax", "feats", "new_kv")),
+    IMAGE_BLOCKS: GraphIO(("ids", "cos", "sin", "image_embeds", "deepstack"), ("kv", "feats")),
     DRAFT_PREFILL: GraphIO(("ids", "cos", "sin", "image_embeds"), ("kv",)),
     DRAFT_FEED: _DRAFT_STEP,
     DRAFT_CHAIN: _DRAFT_STEP,
@@ -50,7 +57,9 @@ IO = {
     ACTION_OUTPUT: GraphIO(("x", "v0"), ("waypoints",)),
 }
 GRAPHS = tuple(IO)                                     # every graph, in export order
-OPTIONAL = (VISION_FRAME,)                             # an export may lack it
+OPTIONAL = (VISION_FRAME, IMAGE_BLOCKS, STEP_TREE)     # an export may lack them (image_blocks:
+                                                       # only a frame_local target has it; step_tree:
+                                                       # exports before token trees)
 FUSED_ONLY = (DRAFT_CHAIN,)                            # only a fused draft has it
 DRAFT_GRAPHS = (DRAFT_PREFILL, DRAFT_FEED, DRAFT_CHAIN)
 TARGET_LLM_GRAPHS = (PREFILL, STEP)

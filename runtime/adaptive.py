@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.budget import CostModel
+from runtime.budget import CostModel, tree_key
 
 
 class AcceptanceRate:
@@ -54,15 +54,29 @@ class StepPolicy:
     end the phase. Every step's costs are recorded, whatever chose k."""
 
     def __init__(self, costs: CostModel, k: int, adaptive: bool, k_max: int, cap=None,
-                 rate: AcceptanceRate | None = None, free_rate: AcceptanceRate | None = None):
+                 rate: AcceptanceRate | None = None, free_rate: AcceptanceRate | None = None,
+                 tree=None, cap_tree=None, tree_tau: "TreeTau | None" = None):
         self.costs, self.k, self.adaptive, self.k_max, self.cap = costs, k, adaptive, k_max, cap
         self.rate = rate or AcceptanceRate()
         self.free_rate = free_rate or AcceptanceRate()     # of lookup proposals (no draft cost)
+        # tree: a runtime.tree.TreeShape (token trees for the greedy rule), None: chains only;
+        # cap_tree(shape, pending) -> shape | None (the budget's check of the whole tree)
+        self.tree, self.cap_tree = tree, cap_tree
+        self.tree_tau = tree_tau or TreeTau()
 
-    def next_k(self, pending: int, free: bool = False) -> int | None:
+    def next_k(self, pending: int, free: bool = False, trees: bool = False):
         """free: a lookup proposal waits: k by its own acceptance rate at no draft cost (fixed-k
         modes keep their k; plain decoding, k = 0, takes the adaptive choice), and the budget
-        caps it by the verify pass alone."""
+        caps it by the verify pass alone. trees: the step may be self.tree (a TreeShape is then
+        returned): fixed, or, adaptive, when its measured tokens per ms beat the best chain's;
+        a tree the budget refuses becomes a chain the budget caps."""
+        if trees and self.tree is not None:
+            if not self.adaptive or self.tree_wins(pending):
+                shape = self.cap_tree(self.tree, pending) if self.cap_tree else self.tree
+                if shape is not None:
+                    return shape
+                k = min(self.tree.depth, self.k_max)
+                return self.cap(k, pending) if self.cap else k
         if free:
             keep = self.k and not self.adaptive
             k = self.k if keep else best_k(self.free_rate.value, self.costs, self.k_max, pending, draft=False)
@@ -74,9 +88,43 @@ class StepPolicy:
         """One lookup search took `ms` (the budget prices the next ones by it)."""
         self.costs.observe("lookup", ms)
 
+    def tree_wins(self, pending: int) -> bool:
+        """Adaptive: the tree's measured tokens per step over its cost (its measured draft time, the
+        verify of its width) against the best chain's E(k) / C(k). Until the tree has been
+        measured (and every 8th tree-eligible step after, to keep measuring) the tree is taken."""
+        tau = self.tree_tau
+        if tau.steps < 2 or tau.asked % 8 == 0:
+            tau.asked += 1
+            return True
+        tau.asked += 1
+        a = self.rate.value
+        k = best_k(a, self.costs, self.k_max, pending)
+        chain = expected_tokens(a, k) / max(self.costs.step_expected(k, pending), 1e-9)
+        tree = tau.value / max(self.costs.tree_expected(self.tree, pending), 1e-9)
+        return tree >= chain
+
+    def observe_tree(self, shape, n: int, emitted: int, draft_ms: float, verify_ms: float, width: int) -> None:
+        """A tree step: its tokens and draft time to the tree's own record, its verify pass to the
+        cost model (the budget's worst case of that width), the accepted depth to the rate."""
+        self.tree_tau.observe(emitted)
+        self.costs.observe(tree_key(shape), draft_ms)
+        self.costs.observe(("verify", width), verify_ms)
+
     def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int,
                 free: bool = False) -> None:
         (self.free_rate if free else self.rate).observe(k, n)
         if k and not free:
             self.costs.observe("draft", draft_ms / k)
         self.costs.observe(("verify", width), verify_ms)
+
+
+class TreeTau:
+    """Running mean (exponential forgetting) of the tokens a tree step emits."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay, self.steps, self.asked, self.value = decay, 0, 0, 0.0
+
+    def observe(self, emitted: int) -> None:
+        w = 1.0 if self.steps == 0 else 1.0 - self.decay
+        self.value += w * (emitted - self.value)
+        self.steps += 1

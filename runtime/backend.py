@@ -12,6 +12,10 @@ it are stale, never erased, and overwritten later.
     vision_frames(images)           encode (n, H, W, 3) frames -> n per-frame features (reuse)
     use_vision(features)            keep one cycle's per-frame features (camera-major) for prefill
     prefill(inputs, readout)        write the prompt into target (and draft) caches; row T-1
+    image_blocks(features, ids, positions)   frame_local targets: the image blocks of n frames
+                                    on their own, in one call -> n opaque per-frame K/V
+    prefill_streamed(inputs, readout, blocks)  prefill with every image block given (rotated to
+                                    its rows here): only the rows outside the images are run
     set_mask(allowed, first)        tokens allowed from now on (masked logits -> -inf); a
                                     (P, V) mask is periodic: sequence index i uses row
                                     (i - first) % P (x / y trajectory bins alternate)
@@ -19,6 +23,13 @@ it are stale, never erased, and overwritten later.
                                     tokens -> (k,) ids, and the (k, V) probabilities they were
                                     sampled from when `sampling` is given (else None: argmax)
     verify(tokens, start, readout)  one target pass over `tokens` at `start`: one row each
+    draft_tree(tokens, start, shape)   feed `tokens` to the draft at `start`, then draft a token
+                                    tree (runtime/tree.py, EAGLE-2 style) -> Tree
+    verify_tree(tokens, start, readout, offsets, mask)  one target pass over pending tokens and
+                                    a tree's nodes at rows start.., positions start + offsets,
+                                    (w, w) tree mask: one row each (backends with takes_trees)
+    keep_rows(start, rows, draft_start, draft_rows)  move the accepted nodes' cache rows to
+                                    start.. (target) and draft_start.. (draft): contiguous again
     action(tokens, start, v0, seed) write `tokens` at `start`, run the action expert on the
                                     target cache [0, start+len(tokens)) -> (64, 3) waypoints
 
@@ -117,7 +128,16 @@ class Backend(abc.ABC):
     fused = False                   # the draft reads the target's features (EAGLE-style)
     # reuses_vision: vision_frames / use_vision exist (PlannerConfig.reuse.vision, runtime/reuse.py)
     reuses_vision = False
+    # image_attention: the target's image layout (models LLMConfig.image_attention); streams_prefill:
+    # image_blocks / prefill_streamed exist (PlannerConfig.reuse.prefill, a frame_local target)
+    image_attention = "causal"
+    streams_prefill = False
+    approximates_prefill = False    # prefill_approximate exists (reuse.approximate_prefill, a causal target)
     readouts = READOUTS             # what `read` can give (an exact-only engine: ids alone)
+    # takes_trees: draft_tree / verify_tree / keep_rows exist (token trees, runtime/tree.py);
+    # tree_width: the widest verify pass a tree may use (None: the cache's rows)
+    takes_trees = False
+    tree_width: int | None = None
     vocab_size: int
     max_len: int                    # cache capacity in tokens
 
@@ -165,6 +185,35 @@ class Backend(abc.ABC):
         """Keep the features of one cycle's images (vision_frames' values, camera-major) for prefill,
         as vision(images) would."""
         raise ConfigError(f"backend {self.name!r} cannot take reused vision features: turn reuse.vision off")
+
+    def image_blocks(self, frames: list, ids: np.ndarray, positions: np.ndarray) -> list:
+        """The image blocks of n frames (their vision_frames features) computed on their own, in
+        one call: ids (L,) one block's tokens, positions (3, L) its M-RoPE ids from its
+        <|vision_start|> -> n opaque per-frame K (before rope), V [and fused-draft features]."""
+        raise ConfigError(f"backend {self.name!r} cannot stream the prefill: turn reuse.prefill off")
+
+    def prefill_streamed(self, inputs: PrefillInputs, readout: str, blocks: list) -> np.ndarray:
+        """prefill() of a frame_local target with every image block's K/V given (image_blocks'
+        values, prompt order): the kept keys are rotated to this prompt's rows, and only the
+        rows before the first and after the last image are run. Same readout as prefill."""
+        raise ConfigError(f"backend {self.name!r} cannot stream the prefill: turn reuse.prefill off")
+
+    def draft_tree(self, tokens: np.ndarray, start: int, shape):
+        """Feed `tokens` at draft row `start`, then draft a tree of `shape` (runtime.tree.TreeShape)
+        -> runtime.tree.Tree (greedy: the draft's top-K by cumulative log-probability)."""
+        raise ConfigError(f"backend {self.name!r} cannot draft token trees: use a chain (no spec.tree)")
+
+    def verify_tree(self, tokens: np.ndarray, start: int, readout: str, offsets: np.ndarray,
+                    mask: np.ndarray) -> np.ndarray:
+        """One target pass over `tokens` (pending tokens, then a tree's nodes) at rows start..,
+        token i at position start + offsets[i] (+ the rope delta), seeing the prefix and the rows j
+        of this call with mask[i, j] (runtime.tree.layout) -> the readout of every row."""
+        raise ConfigError(f"backend {self.name!r} cannot verify token trees: use a chain (no spec.tree)")
+
+    def keep_rows(self, start: int, rows: np.ndarray, draft_start: int, draft_rows: np.ndarray) -> None:
+        """Move target cache rows `rows` (and their features) to start, start+1, .. and draft cache
+        rows `draft_rows` to draft_start, ..: the accepted path of a tree, contiguous again."""
+        raise ConfigError(f"backend {self.name!r} cannot verify token trees: use a chain (no spec.tree)")
 
     # --- host logic shared by every backend --------------------------------------------------
     def action(self, tokens: np.ndarray, start: int, v0: float, seed: int,
@@ -232,6 +281,18 @@ class Backend(abc.ABC):
         """Proposal j of a sampled draft from its masked fp32 logits (V,) -> (id, q (V,))."""
         q = process_logits(logits, sampling.temperature, sampling.top_p)
         return sample(q, float(sampling.u[j])), q
+
+
+def image_rows(inputs: PrefillInputs) -> tuple[int, int]:
+    """[first, end) prompt rows of the image blocks, which must follow one another with nothing
+    between them (prefill_streamed runs the rows before `first` and from `end` on)."""
+    spans = list(inputs.image_spans)
+    if not spans:
+        raise ValueError("streaming prefill: the prompt has no images")
+    for (s, n), (s2, _) in zip(spans, spans[1:]):
+        if s2 != s + n + 2:
+            raise ValueError(f"streaming prefill needs the image blocks back to back; spans {spans}")
+    return spans[0][0] - 1, spans[-1][0] + spans[-1][1] + 1
 
 
 def load_backend(name: str, spec: BackendSpec | None = None, **fields) -> Backend:

@@ -32,6 +32,11 @@ from runtime.config import BudgetConfig
 MEASURED_STAGES = ("prompt", "vision", "prefill", "trajectory")
 
 
+def tree_key(shape) -> str:
+    """CostModel key of a token tree's whole draft: 'tree_draft:N,d,K'."""
+    return f"tree_draft:{shape}"
+
+
 def wall_ms() -> float:
     """Monotonic clock in ms (the default)."""
     return time.perf_counter() * 1e3
@@ -88,6 +93,8 @@ class CostModel:
         c = self.cfg
         if isinstance(key, tuple) and key[0] == "verify":
             return c.prior_verify_ms + c.prior_verify_per_token_ms * (key[1] - 1)
+        if isinstance(key, str) and key.startswith("tree_draft:"):    # depth x a draft step
+            return int(key.split(",")[1]) * self.worst("draft")
         return {"draft": c.prior_draft_step_ms, "vision": c.prior_vision_ms, "prompt": c.prior_prompt_ms,
                 "prefill": c.prior_prefill_ms, "trajectory": c.prior_trajectory_ms, "lookup": c.prior_lookup_ms}[key]
 
@@ -117,6 +124,17 @@ class CostModel:
     def step_expected(self, k: int, pending: int = 1, draft: bool = True) -> float:
         search = self.expected("lookup") if self.searches else 0.0
         return k * self.expected("draft") * draft + self.expected(("verify", pending + k)) + search
+
+    def tree_worst(self, shape, pending: int = 1) -> float:
+        """A token tree's step (runtime/tree.py): its whole draft (measured per shape; before that
+        depth x a draft step) and the verify pass of pending + nodes tokens (and, with `searches`,
+        the next step's lookup search)."""
+        search = self.worst("lookup") if self.searches else 0.0
+        return self.worst(tree_key(shape)) + self.worst(("verify", pending + shape.nodes)) + search
+
+    def tree_expected(self, shape, pending: int = 1) -> float:
+        search = self.expected("lookup") if self.searches else 0.0
+        return self.expected(tree_key(shape)) + self.expected(("verify", pending + shape.nodes)) + search
 
     def premise(self, cfg: BudgetConfig) -> dict:
         """W(prompt) + W(vision) + W(prefill) + W(trajectory) + margin against the budget (ms)."""
@@ -208,6 +226,18 @@ class CycleBudget:
                 self._step = (self.clock(), worst)
                 return kk
         self.cut = True
+        return None
+
+    def cap_tree(self, shape, pending: int = 1):
+        """The tree `shape` if now + W(tree step) + R <= D, else None (the caller falls back to a
+        chain, which `cap` shortens or closes)."""
+        self._check_last_step()
+        if not self.cfg.enabled:
+            return shape
+        worst = self.costs.tree_worst(shape, pending)
+        if worst <= self.left_ms() - self.reserve_ms():
+            self._step = (self.clock(), worst)
+            return shape
         return None
 
     def end_reasoning(self) -> None:

@@ -23,6 +23,7 @@ TRAJECTORY_SOURCES = ("expert", "tokens")
 FALLBACKS = ("worker", "inline", "on_failure")
 COMBINES = ("mean", "medoid")
 K_MAX_LIMIT = 16
+TREE_NODES_LIMIT = 64
 
 
 @dataclass
@@ -36,6 +37,12 @@ class SpecConfig:
     top_p: float = 0.98
     relax_r: int = 0                # Spec-VLA relaxed acceptance radius for trajectory tokens (bins)
     seed: int = 0                   # sampling RNG seed (per planner; each cycle draws from it)
+    # token trees (runtime/tree.py, EAGLE-2 style): "N,d,K" = at most N drafted nodes, depth <= d,
+    # top-K children per expanded node, verified in one target pass; "" = chains only. Greedy
+    # only: sampling keeps chains (no exact recursive rejection over siblings is implemented),
+    # and relaxed trajectory tokens too. With adaptive, each step chooses the tree or the best
+    # chain by measured tokens per ms; without, every step is this tree.
+    tree: str = ""
 
     def __post_init__(self):
         check_types(self)
@@ -46,6 +53,15 @@ class SpecConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"spec.top_p={self.top_p!r} is out of range; allowed (0, 1]")
         check_range("spec.relax_r", self.relax_r, lo=0)
+        if self.tree:
+            from runtime.tree import TreeShape
+            shape = TreeShape.parse(self.tree)
+            if shape.nodes > TREE_NODES_LIMIT:
+                raise ConfigError(f"spec.tree={self.tree!r}: nodes={shape.nodes} is not allowed; "
+                                  f"allowed 1..{TREE_NODES_LIMIT}")
+            if self.decoding != "greedy":
+                raise ConfigError(f"spec.tree={self.tree!r} needs decoding='greedy': sampling keeps "
+                                  "chains (set tree: '' with decoding='sample')")
         if self.relax_r and self.decoding != "greedy":
             raise ConfigError(f"spec.relax_r={self.relax_r} needs decoding='greedy' (relaxed "
                               "acceptance compares argmax bins); use relax_r=0 with 'sample'")
@@ -122,9 +138,17 @@ class ReuseConfig:
     plan() is given frames, else by a content hash, and checked against a full content digest
     (other pixels under a known identity are encoded afresh). lookup: the last cycles'
     reasoning proposes the continuation of the tokens just accepted (prompt-lookup drafting,
-    no draft model call), the model draft where nothing matches."""
+    no draft model call), the model draft where nothing matches. prefill (streaming prefill, a
+    frame_local target only, with vision on): each frame's per-layer K (before rope) and V are
+    kept beside its vision features, and a cycle computes the image blocks of new frames only,
+    rotates the kept ones to their rows and prefills the rows after the images."""
     vision: bool = False
     lookup: bool = False
+    prefill: bool = False
+    # APPROXIMATE, off by default, flagged approximate_prefill on every cycle it touches: on a causal
+    # target, a kept frame's K/V from the cycle that computed it (in that cycle's context) is rotated
+    # to its new rows, and only new frames are computed, in place (FlashDrive-style cache shifting)
+    approximate_prefill: bool = False
     max_frames: int = 32         # cached frames at most (a drive cycle: 4 cameras x 2 frames, the
                                  # older one seen 5 cycles before: 4 x 6 distinct times live)
     lookup_cycles: int = 4       # reasoning texts of that many last cycles are searched
@@ -135,6 +159,13 @@ class ReuseConfig:
         check_range("reuse.max_frames", self.max_frames, lo=1, hi=4096)
         check_range("reuse.lookup_cycles", self.lookup_cycles, lo=1, hi=64)
         check_range("reuse.lookup_ngram", self.lookup_ngram, lo=1, hi=8)
+        for name in ("prefill", "approximate_prefill"):
+            if getattr(self, name) and not self.vision:
+                raise ConfigError(f"reuse.{name} keeps each frame's KV beside its vision features: "
+                                  f"turn reuse.vision on too (or reuse.{name} off)")
+        if self.prefill and self.approximate_prefill:
+            raise ConfigError("reuse.prefill (exact, a frame_local target) and reuse.approximate_prefill "
+                              "(a causal target) exclude each other; choose one")
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,21 @@ def check_setup(backend, tokenizer, cfg) -> None:
         raise ConfigError(f"trajectory_samples={cfg.trajectory_samples}, trajectory_combine="
                           f"{cfg.trajectory_combine!r}: backend {backend.name!r} was exported for {fixed[0]} draws "
                           f"combined by {fixed[1]!r}; set those in the planner profile or re-export with it")
+    check_trees(backend, cfg)
     check_room(backend, tokenizer, cfg)
+
+
+def check_trees(backend, cfg) -> None:
+    """spec.tree needs a backend that takes trees, and a tree its widest verify pass holds."""
+    if not cfg.spec.tree:
+        return
+    if not backend.takes_trees:
+        raise ConfigError(f"spec.tree={cfg.spec.tree!r}: backend {backend.name!r} cannot verify token "
+                          "trees; use a chain (tree: '') or a backend that takes them (torch, onnxruntime "
+                          "with an export of tree inputs)")
+    from runtime.tree import TreeShape
+    width = backend.tree_width or backend.max_len
+    TreeShape.parse(cfg.spec.tree).check_width(width)
 
 
 def check_room(backend, tok, cfg) -> None:

@@ -28,10 +28,12 @@ from runtime.acceptance import accept_greedy, accept_relaxed, accept_sampling, p
 from runtime.backend import DraftSampling, PrefillInputs
 from runtime.budget import wall_ms
 from runtime.trace import span
+from runtime.tree import TreeShape, accept_greedy_tree, fed_prefix, layout
 
 class GreedyRule:
     """Exact greedy: output identical to plain greedy decoding of the target."""
     readout = "argmax"
+    trees = True            # token trees are verified by this rule alone (runtime/tree.py)
 
     def sampling(self, k: int) -> DraftSampling | None:
         """How the draft chooses its k proposals: None = the masked arg-max."""
@@ -47,6 +49,8 @@ class GreedyRule:
 class RelaxedRule(GreedyRule):
     """Greedy with Spec-VLA relaxed acceptance of trajectory tokens (text stays exact)."""
 
+    trees = False
+
     def __init__(self, range_ids: np.ndarray, r: int):
         self.range_ids, self.r = range_ids, int(r)
 
@@ -58,6 +62,7 @@ class SamplingRule:
     """Speculative sampling with temperature and top-p; the draft samples from q with the
     uniforms drawn here first, and returns q with its proposals."""
     readout = "logits"
+    trees = False           # sampling keeps chains (no recursive rejection over siblings here)
 
     def __init__(self, temperature: float, top_p: float, rng: np.random.Generator):
         self.temperature, self.top_p, self.rng = temperature, top_p, rng
@@ -113,6 +118,8 @@ class StepRecord:
     draft_ms: float
     verify_ms: float
     source: str = "model"   # who proposed: "model" (the draft), "lookup" (reuse), "none" (k = 0)
+    nodes: int = 0          # a token tree's drafted nodes (0: a chain); `draft` is then its path
+                            # judged: the accepted nodes and the best-scored child where it stopped
 
 
 @dataclass
@@ -123,6 +130,8 @@ class DecodeStats:
     accepted: int = 0
     looked_up: int = 0          # proposals from the lookup (in drafted), and how many were accepted
     looked_up_accepted: int = 0
+    trees: int = 0              # steps that verified a token tree, and their drafted nodes
+    tree_nodes: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     lookup_ms: float = 0.0      # lookup searches (measured, priced by the budget)
@@ -139,6 +148,7 @@ class DecodeStats:
         return {"steps": self.steps, "emitted": self.emitted, "drafted": self.drafted,
                 "accepted": self.accepted,
                 "looked_up": self.looked_up, "looked_up_accepted": self.looked_up_accepted,
+                "trees": self.trees, "tree_nodes": self.tree_nodes,
                 "tau": round(self.tau, 4), "ks": list(self.ks),
                 "ns": list(self.ns), "draft_ms": round(self.draft_ms, 3),
                 "verify_ms": round(self.verify_ms, 3), "lookup_ms": round(self.lookup_ms, 3), "branches": dict(self.branches)}
@@ -170,9 +180,17 @@ def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int
             if hasattr(policy, "observe_search"):
                 policy.observe_search(searched)
         free = proposal is not None and len(proposal) > 0
-        k = policy.next_k(pending, free=True) if free else policy.next_k(pending)
+        trees = not free and getattr(policy, "tree", None) is not None and getattr(rule, "trees", False) \
+            and backend.takes_trees
+        k = policy.next_k(pending, free=True) if free else \
+            policy.next_k(pending, trees=True) if trees else policy.next_k(pending)
         if k is None:
             return "budget"
+        if isinstance(k, TreeShape):
+            if tree_fits(backend, state, k, room):
+                step_tree(backend, state, policy, k, stops, clock, stats, observer)
+                continue
+            k = min(k.depth, room)      # no room for the tree: its depth as a chain
         if free:
             k = min(k, len(proposal))
         if k > room:
@@ -224,6 +242,56 @@ def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, s
     _count(stats, k, n, len(emitted), t1 - t0, t2 - t1, source)
     if observer is not None:
         observer(StepRecord(k, draft, n, len(pending) + k, t1 - t0, t2 - t1, source))
+
+
+def tree_fits(backend, state: DecodeState, shape: TreeShape, room: int) -> bool:
+    """The tree's verify and draft rows fit the caches, and its deepest path the room left."""
+    pending, fed = len(state.seq) - state.t_len, len(state.seq) - state.d_len
+    draft_rows = state.d_len + fed + shape.topk * (shape.depth - 1)
+    return shape.depth <= room and state.t_len + pending + shape.nodes <= backend.max_len \
+        and draft_rows <= backend.max_len
+
+
+def step_tree(backend, state: DecodeState, policy, shape: TreeShape, stops: set, clock,
+              stats: DecodeStats, observer=None) -> None:
+    """One tree step (greedy; runtime/tree.py): draft a tree, verify pending + nodes in one pass,
+    walk the target's argmax down it, move the accepted rows where a chain would have them."""
+    pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
+    P = len(pending)
+    t0 = clock()
+    with span("draft"):
+        tree = backend.draft_tree(np.asarray(state.seq[state.d_len:], np.int64), state.d_len, shape)
+    t1 = clock()
+    offsets, mask = layout(tree, P)
+    with span("verify"):
+        rows = backend.verify_tree(np.concatenate([pending, tree.tokens]), state.t_len, "argmax", offsets, mask)
+    t2 = clock()
+    with span("accept"):
+        path, t = accept_greedy_tree(tree, rows[P - 1:])
+    n = len(path)
+    emitted = [int(tree.tokens[i]) for i in path] + [t]
+    cut = next((i for i, x in enumerate(emitted) if x in stops), None)
+    if cut is not None and cut < n:
+        stats.branches["stop_in_block"] += 1
+    if cut is not None:
+        emitted = emitted[:cut + 1]
+    fed = fed_prefix(tree, path) if backend.draft_keeps_proposals else []
+    kept = min(len(fed), len(emitted))
+    here = len(state.seq)       # the row of the first accepted node, in both caches
+    backend.keep_rows(here, state.t_len + P + np.asarray(path, np.int64), here, np.asarray(fed[:kept], np.int64))
+    state.d_len = here + kept
+    state.seq.extend(emitted)
+    state.t_len = len(state.seq) - 1
+    last = path[-1] if path else -1     # the judged path: accepted nodes, then the best child there
+    child = next((i for i in range(len(tree)) if tree.parents[i] == last), None)
+    judged = [int(tree.tokens[i]) for i in path] + ([] if child is None else [int(tree.tokens[child])])
+    policy.observe_tree(shape, n, len(emitted), t1 - t0, t2 - t1, P + len(tree))
+    _count(stats, len(judged), n, len(emitted), t1 - t0, t2 - t1)
+    stats.trees += 1
+    stats.tree_nodes += len(tree)
+    if observer is not None:
+        observer(StepRecord(len(judged), np.asarray(judged, np.int64), n, P + len(tree), t1 - t0, t2 - t1,
+                            "model", len(tree)))
 
 
 def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, verify_ms: float,

@@ -27,7 +27,7 @@ import numpy as np
 
 from prompt.config import ConfigError
 from runtime.acceptance import trajectory_range_ids
-from runtime.adaptive import AcceptanceRate
+from runtime.adaptive import AcceptanceRate, TreeTau
 from runtime.budget import CostModel, CycleBudget, wall_ms
 from runtime.checks import check_history, check_speed, comfortable_stop
 from runtime.config import PlannerConfig
@@ -72,10 +72,15 @@ class Planner:
         check_setup(backend, tokenizer, self.cfg)
         self.costs = CostModel(self.cfg.budget, searches=self.cfg.reuse.lookup)   # learnt across cycles
         self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate(), "lookup": AcceptanceRate()}
+        self.tree_tau = TreeTau()       # tokens per tree step (spec.tree; runtime/tree.py)
         reuse = self.cfg.reuse
         if reuse.vision and not backend.reuses_vision:
             raise ConfigError(f"reuse.vision: backend {backend.name!r} cannot encode frames one by one; "
                               "turn reuse.vision off for it")
+        if reuse.prefill:
+            check_streaming(backend)
+        if reuse.approximate_prefill:
+            check_approximate(backend)
         self.vision_cache = VisionCache(reuse.max_frames) if reuse.vision else None
         self.lookup = Lookup(reuse.lookup_cycles, reuse.lookup_ngram) if reuse.lookup else None
         self.rng = np.random.default_rng(self.cfg.spec.seed)
@@ -160,3 +165,24 @@ class Planner:
         if self.last_v0 is not None:   # the ego speed is known (now or from the last cycle)
             res.trajectory, res.source = comfortable_stop(self.last_v0, self.cfg.checks), "stop"
         return self._finish(res, budget)
+
+
+def check_streaming(backend) -> None:
+    """reuse.prefill needs a frame_local target on a backend that streams; else exit 2 with why."""
+    if backend.image_attention != "frame_local":
+        raise ConfigError(f"reuse.prefill (streaming prefill) needs a target trained with the frame_local image "
+                          f"layout; this target's llm.image_attention is {backend.image_attention!r}, where every "
+                          "image attends to the images before it, so no frame's KV can be kept exactly. Use a "
+                          "frame_local checkpoint (configs/train/sft-frame-local.yaml) or turn reuse.prefill off")
+    if not backend.streams_prefill:
+        raise ConfigError(f"reuse.prefill: backend {backend.name!r} cannot stream the prefill; turn reuse.prefill off")
+
+
+def check_approximate(backend) -> None:
+    """reuse.approximate_prefill is for causal targets on a backend that can run it; else exit 2."""
+    if backend.image_attention != "causal":
+        raise ConfigError("reuse.approximate_prefill is for causal targets; this one is frame_local, whose "
+                          "streaming is exact: use reuse.prefill instead")
+    if not backend.approximates_prefill:
+        raise ConfigError(f"reuse.approximate_prefill: backend {backend.name!r} does not run it (torch only); "
+                          "turn it off")

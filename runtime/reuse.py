@@ -12,6 +12,15 @@ identities, frames older than this cycle's oldest (or newer than its newest: ano
 leave at once. A drive cycle sees each camera at t - 0.5 s and t, so half its frames were the
 t frames of the cycle 5 steps before: 4 cameras x 6 live times = 24 entries cover a drive.
 
+Prefill (streaming). A frame_local target's image block (<|vision_start|> .. <|vision_end|>)
+attends to itself alone (models/layers.py frame_local_mask), so its per-layer K before rope and
+its V are a function of the frame's pixels alone, wherever the block sits. `stream_blocks` keeps
+them in the frame's VisionCache entry (same key, digest check, bound and eviction as its vision
+features, so a changed frame loses both), computes the blocks of this cycle's new frames in one
+backend call, and the backend's prefill rotates the kept keys to this cycle's rows and prefills
+only the rows outside the images. The reasoning equals a full prefill's; the cache rows agree
+to float rounding (the same sums in another order).
+
 Lookup. `Lookup` remembers the last cycles' reasoning (from <|cot_start|> through
 <|cot_end|>) and, when the tail of the tokens accepted so far (the pending one included)
 matches a stretch of it (the longest tail of at least `lookup_ngram` tokens, the most recent
@@ -26,6 +35,7 @@ import hashlib
 import math
 from collections import OrderedDict, deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -87,16 +97,27 @@ def _key(cam: str, pair) -> tuple:
     return (cam, round(t * 1e6))
 
 
+@dataclass
+class Frame:
+    """One cached frame: its content digest, the backend's vision features, and (streaming
+    prefill) the backend's image-block K/V once computed."""
+    digest: bytes
+    features: object
+    blocks: object = None
+
+
 class VisionCache:
     """Per-frame vision features of the last frames (module docstring): `encode` is the vision
-    stage of a cycle with reuse.vision on."""
+    stage of a cycle with reuse.vision on; `frames` is that cycle's entries, camera-major."""
 
     def __init__(self, max_frames: int):
         self.max_frames = int(max_frames)
-        self.entries: OrderedDict = OrderedDict()     # key -> (digest, backend's per-frame features)
+        self.entries: OrderedDict = OrderedDict()     # key -> Frame
+        self.frames: list = []
 
     def clear(self) -> None:
         self.entries.clear()
+        self.frames = []
 
     def encode(self, backend, images: np.ndarray, keys: list | None) -> dict:
         """Give the backend this cycle's features (camera-major), encoding only the frames not
@@ -104,21 +125,22 @@ class VisionCache:
         flat = np.asarray(images).reshape(-1, *images.shape[-3:])
         digests = [digest(f) for f in flat]
         keys = keys if keys is not None else digests
-        feats, todo, changed = [None] * len(flat), [], 0
+        frames, todo, changed = [None] * len(flat), [], 0
         for i, (key, d) in enumerate(zip(keys, digests)):
             hit = self.entries.get(key)
-            if hit is not None and hit[0] == d:
-                feats[i] = hit[1]
+            if hit is not None and hit.digest == d:
+                frames[i] = hit
                 self.entries.move_to_end(key)
             else:
                 changed += hit is not None      # a known identity with other pixels: encoded afresh
                 todo.append(i)
         if todo:
             for i, f in zip(todo, backend.vision_frames(flat[todo])):
-                feats[i] = f
-                self.entries[keys[i]] = (digests[i], f)
+                frames[i] = Frame(digests[i], f)
+                self.entries[keys[i]] = frames[i]
                 self.entries.move_to_end(keys[i])
-        backend.use_vision(feats)
+        self.frames = frames
+        backend.use_vision([f.features for f in frames])
         self._evict(keys if keys is not digests else None)
         return {"reused": len(flat) - len(todo), "encoded": len(todo), "changed": changed}
 
@@ -129,6 +151,28 @@ class VisionCache:
                 del self.entries[key]
         while len(self.entries) > self.max_frames:
             self.entries.popitem(last=False)
+
+
+def stream_blocks(backend, frames: list, inputs) -> tuple[list, dict]:
+    """This cycle's image-block K/V (one per frame, prompt order), computing the new frames'
+    blocks in one backend call and keeping them in their Frame -> (blocks, counts)."""
+    todo = [i for i, f in enumerate(frames) if f.blocks is None]
+    if todo:
+        ids, positions = block_layout(inputs)
+        for i, b in zip(todo, backend.image_blocks([frames[i].features for i in todo], ids, positions)):
+            frames[i].blocks = b
+    return [f.blocks for f in frames], {"reused": len(frames) - len(todo), "computed": len(todo)}
+
+
+def block_layout(inputs) -> tuple[np.ndarray, np.ndarray]:
+    """The one image block of a prompt whose images are all of one size: its ids (L,) and its
+    M-RoPE positions (3, L) counted from its <|vision_start|> (0 on every axis)."""
+    spans = list(inputs.image_spans)
+    if not spans or len({n for _, n in spans}) != 1:
+        raise ValueError(f"streaming prefill needs images of one size; image spans {spans}")
+    s, n = spans[0]
+    pos = np.asarray(inputs.positions)[:, s - 1:s + n + 1]
+    return np.asarray(inputs.ids[s - 1:s + n + 1], np.int64), pos - pos[:, :1]
 
 
 class Lookup:

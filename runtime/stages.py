@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.adaptive import StepPolicy
+from runtime.tree import TreeShape
 from runtime.backend import PrefillInputs
 from runtime.budget import CycleBudget
 from runtime.checks import check_trajectory, comfortable_stop
 from runtime.cycle import (FUTURE_TOKENS, CycleResult, InputError, cycle_prompt, future_from_tokens,
                            future_mask, reserve_rows)
 from runtime.loop import DecodeState, DecodeStats, decode, make_rule
-from runtime.reuse import CycleLookup
+from runtime.reuse import CycleLookup, stream_blocks
 from runtime.trace import span
 
 
@@ -93,8 +94,29 @@ class Cycle:
         rule = self._rule("reasoning")
         self.be.set_mask(self.tok.text_mask())       # trajectory tokens are masked while reasoning
         with self.budget.stage("prefill"):
-            row = self.be.prefill(inputs, rule.readout)
+            if self.cfg.reuse.prefill:
+                blocks, self.res.reuse["prefill"] = stream_blocks(self.be, self.p.vision_cache.frames, inputs)
+                row = self.be.prefill_streamed(inputs, rule.readout, blocks)
+            elif self.cfg.reuse.approximate_prefill:
+                row = self._approximate_prefill(inputs, rule.readout)
+            else:
+                row = self.be.prefill(inputs, rule.readout)
         return DecodeState.after_prefill(inputs.ids, rule.first(row))
+
+    def _approximate_prefill(self, inputs: PrefillInputs, readout: str):
+        """reuse.approximate_prefill (runtime/config.py): kept frames' K/V shifted, new frames computed
+        in place; flagged on every cycle that kept one."""
+        frames = self.p.vision_cache.frames
+        row, new = self.be.prefill_approximate(inputs, readout, [f.blocks for f in frames])
+        kept = sum(f.blocks is not None for f in frames)
+        for f, b in zip(frames, new):
+            f.blocks = f.blocks if b is None else b
+        self.res.reuse["prefill"] = {"reused": kept, "computed": len(frames) - kept}
+        if kept:
+            self.res.flags.append("approximate_prefill")
+            self.res.notes.append(f"approximate prefill: {kept} frame(s) kept with K/V computed in an earlier "
+                                  "cycle's context (a causal target); the reasoning may differ from a full prefill")
+        return row
 
     def _fallback_args(self) -> tuple:
         """The expert on the cache right after prefill: rows [0, prompt_len), no tokens written."""
@@ -107,9 +129,12 @@ class Cycle:
         """Reasoning steps are capped by the budget; trajectory tokens (token mode) are not,
         their whole decode is the trajectory stage. Each phase keeps its acceptance rate."""
         spec, reasoning = self.cfg.spec, phase == "reasoning"
+        tree = TreeShape.parse(spec.tree) if spec.tree else None
         return StepPolicy(self.p.costs, spec.k, spec.adaptive and spec.k > 0, spec.k_max,
                           cap=self.budget.cap if reasoning else None, rate=self.p.rates[phase],
-                          free_rate=self.p.rates["lookup"])
+                          free_rate=self.p.rates["lookup"], tree=tree,
+                          cap_tree=self.budget.cap_tree if reasoning else None,
+                          tree_tau=self.p.tree_tau)
 
     def _reason(self, state: DecodeState) -> None:
         stats, tok, store = DecodeStats(), self.tok, self.p.lookup

@@ -41,6 +41,23 @@ def tiny_onnx(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def frame_local_ckpt(tmp_path_factory):
+    """checkpoints/tiny with its target declared frame_local (llm.image_attention): the same
+    weights under the other image layout, a valid model whose exactness tests need no training."""
+    import json
+    import shutil
+
+    out = tmp_path_factory.mktemp("ckpt") / "tiny-frame-local"
+    shutil.copytree(ROOT / "checkpoints" / "tiny", out)
+    for meta_file in out.glob("*/meta.json"):        # the target and what was trained for it
+        meta = json.loads(meta_file.read_text())
+        if "target" in meta.get("config", {}):
+            meta["config"]["target"]["llm"]["image_attention"] = "frame_local"
+            meta_file.write_text(json.dumps(meta, indent=1) + "\n")
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread for the module, restored after (pytestmark = usefixtures): tiny models

@@ -170,3 +170,26 @@ def test_every_number_of_bench_drives_has_a_range_that_says_its_bounds(field, va
     DriveBenchConfig()
     with pytest.raises(ConfigError, match=says):
         DriveBenchConfig(**{field: value})
+
+
+def test_streaming_modes_run_on_a_frame_local_target_and_are_refused_on_a_causal_one(
+        frame_local_ckpt, preset, drives, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "stream.json"
+    common = ["--drives", str(drives), "--drive-count", "1", "--cycles", str(CYCLES), "--warmup", "0",
+              "--max-reasoning", "6", "--threads", "1"]
+    assert bench.main(["--checkpoint", str(frame_local_ckpt), *common, "--json", str(out),
+                       "--modes", "spec+vision+lookup,spec+vision+lookup+stream"]) == 0
+    rec = json.loads(out.read_text())
+    by = {m["name"]: m for m in rec["modes"]}
+    assert list(by) == ["plain", "spec+vision+lookup", "spec+vision+lookup+stream"]
+    s = by["spec+vision+lookup+stream"]
+    assert s["identical"]["equal"] == CYCLES, s["identical"]
+    assert s["blocks_kept_per_cycle"] == pytest.approx(4 * (CYCLES - 5) / CYCLES, abs=1e-3)
+    assert by["spec+vision+lookup"]["blocks_kept_per_cycle"] == 0
+    assert s["prefill_cut"] is not None and by["spec+vision+lookup"]["prefill_cut"] is None
+    assert set(rec["goal"]["streaming"]) >= {"speedup", "prefill_cut", "identical", "met"}
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--preset", str(preset), "--random-init", "0", "--drafts", "self", *common,
+                    "--json", str(tmp_path / "x.json"), "--modes", "spec+vision+stream"])
+    assert e.value.code == 2
+    assert "frame_local" in capsys.readouterr().err

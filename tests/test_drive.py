@@ -286,3 +286,36 @@ def test_reuse_through_the_priced_backend_is_exact_and_prices_only_the_new_frame
     full, reused = runs["speculative"][1], runs["speculative+reuse"][1]
     assert reused[0] == pytest.approx(full[0])                       # nothing seen yet: all 8 frames
     assert reused[5] == pytest.approx(lat.pricer.ms("vision_frames", 4)) and reused[5] < 0.75 * full[5]
+
+
+def test_streaming_through_the_priced_backend_is_exact_and_prices_only_the_new_blocks(frame_local_ckpt):
+    """On a frame_local target, along the expert's path (open loop): the streaming mode's
+    reasoning equals the reuse mode's on every cycle, and once half the frames are kept its
+    priced prefill (new blocks + the rows after the images) is below the full prefill's."""
+    from bench.closed_loop.command import open_backends
+    from bench.closed_loop.latency import PricedBackend
+    from bench.closed_loop.loop import drive_cases, render
+    from runtime.budget import FakeClock
+    from runtime.planner import Planner
+
+    base = load_planner_config("cpu")
+    tok, backends = open_backends(frame_local_ckpt, base, ["speculative+stream"], 0.0)
+    case = drive_cases(1, "test", 1.0, seed=5)[0]
+    lat = parse_latency("orin-agx-64:edge-2b", base)
+    runs = {}
+    for mode in ("speculative+reuse", "speculative+stream"):
+        clock = FakeClock()
+        priced = PricedBackend(backends["flat"], lat.pricer, clock, with_draft=True)
+        planner = Planner(priced, tok, mode_config(base, mode, 0.0), clock=clock)
+        texts, prefill = [], []
+        for n in range(case.first, case.first + 7):
+            images, history = render(case.scenario, np.asarray(case.expert_world), n)
+            before = len(priced.calls)
+            texts.append(planner.plan(images, history).reasoning_ids)
+            prefill.append(sum(ms for name, ms in priced.calls[before:] if name == "prefill"))
+        planner.fallback.close()
+        runs[mode] = texts, prefill
+    assert runs["speculative+reuse"][0] == runs["speculative+stream"][0]
+    full, streamed = runs["speculative+reuse"][1], runs["speculative+stream"][1]
+    assert streamed[5] == pytest.approx(lat.pricer.ms("image_blocks", 4) + lat.pricer.ms("prefill_streamed", 1, 4))
+    assert streamed[5] < full[5], (streamed, full)

@@ -169,3 +169,31 @@ def test_pixels_match_hf_image_processor():
     assert np.array_equal(grid, ref["image_grid_thw"])
     diff = np.abs(patches - ref["pixel_values"]).max()
     assert patches.shape == ref["pixel_values"].shape and diff < 1e-6, f"max diff {diff}"
+
+
+def test_the_frame_local_layout_is_expressible_in_transformers_as_a_4d_mask(build, prompt):
+    """transformers' Qwen3-VL takes a prepared 4D mask as it is (with position_ids given: its rope
+    index reads only a 2D mask), so HF with models.layers.frame_local_mask as an additive mask
+    gives our frame_local target's logits; without it (HF's own causal mask) the logits differ."""
+    import dataclasses
+
+    from models.layers import frame_local_mask
+
+    hf, _, ours = build("qwen3")
+    local = type(ours)(dataclasses.replace(ours.cfg, llm=dataclasses.replace(ours.cfg.llm, image_attention="frame_local")))
+    local.load_state_dict(ours.state_dict())
+    local.eval()
+    pos, _ = our_positions(prompt)
+    ids = prompt["ids"]
+    T = ids.shape[1]
+    rows = torch.arange(T)
+    allowed = frame_local_mask(ids, IMG, rows, rows[None, :] <= rows[:, None])
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, pixel_values=prompt["pixels"], image_grid_thw=prompt["grid"],
+                    mm_token_type_ids=(ids == IMG).int(), attention_mask=additive,
+                    position_ids=torch.as_tensor(pos)[:, None]).logits
+    mine = our_logits(local, prompt, pos)
+    diff = (theirs - mine).abs().max().item()
+    assert diff <= TOL, f"max |logit diff| = {diff:.3g} > {TOL}"
+    assert (hf_logits(hf, prompt) - mine).abs().max().item() > 100 * TOL, "the layout changed nothing"

@@ -131,3 +131,36 @@ def test_the_draft_is_fused_once_per_draft_call_not_once_per_proposal():
     alone = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, features="none"))
     c = stage_costs(alone, w, "engine")
     assert c["draft_feed"].ms(DEV, "fp16") == pytest.approx(c["draft_chain"].ms(DEV, "fp16"))
+
+
+def test_streaming_prefill_prices_the_new_blocks_and_the_rows_outside_the_images():
+    """Streaming prefill: the new frames' blocks (each over its own rows), the kept ones rotated,
+    the rows after the images over the whole prompt; fewer new frames cost less, and its target
+    rows are exactly the prompt's rows (new blocks + rows outside the images) plus nothing else."""
+    from bench.common.projection import image_block_rows, streamed_prefill
+
+    cfg = load_preset("edge-2b")
+    w = Workload(images=16, precision="int8", max_len=4096)
+    ms = [project(cfg, DEV, dataclasses.replace(w, streamed_images=n))["stages_ms"]["prefill"] for n in (0, 4, 8, 16)]
+    assert ms == sorted(ms), ms
+    # the blocks are a weight pass of their own: it pays where a prompt's prefill is compute-bound
+    # (Orin, 16 images), not on this memory-starved test device
+    devices = load_devices()
+    real = Workload(**{**devices.workloads["edge-2b"], "image_hw": tuple(devices.workloads["edge-2b"]["image_hw"])},
+                    precision="int8")
+    orin = devices.devices["orin-agx-64"]
+    assert project(cfg, orin, dataclasses.replace(real, streamed_images=4))["stages_ms"]["prefill"] < \
+        project(cfg, orin, real)["stages_ms"]["prefill"]
+    assert ms[1] > project(cfg, DEV, w)["stages_ms"]["prefill"]
+    s = Shapes(cfg, "int8", "engine")
+    T, L = prompt_tokens(cfg, 16, w.image_hw), image_block_rows(cfg, w.image_hw)
+    c = streamed_prefill(s, cfg, dataclasses.replace(w, streamed_images=4), T)
+    rows = {o.name: o.flops for o in c.ops if o.name == "qkv"}
+    llm = cfg.target.llm
+    per_row = 2 * llm.hidden * (llm.heads + 2 * llm.kv_heads) * llm.head_dim * llm.layers
+    draft = s.draft(T, T, w.max_len, 1)
+    draft_qkv = sum(o.flops for o in draft.ops if o.name == "qkv")
+    assert sum(o.flops for o in c.ops if o.name == "qkv") - draft_qkv == pytest.approx(
+        per_row * (4 * L + T - 16 * L), rel=1e-6), rows
+    with pytest.raises(ConfigError, match="streamed_images"):
+        Workload(images=8, streamed_images=9)

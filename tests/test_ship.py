@@ -28,16 +28,20 @@ def test_draft_names_with_a_reduced_head():
     with pytest.raises(ConfigError, match="flat-v0.*<variant>-v<N>"):
         ShipConfig(drafts={"flat-v0": "x"})
     assert "flat-v256" in ShipConfig().drafts                  # the default ships the reduced head too
+    assert ShipConfig().drafts["eagle3-v256"].endswith("draft-eagle3-v256")   # and the EAGLE-3 draft
 
 
 def test_ship_copies_a_reduced_head_draft_and_refuses_a_mislabelled_one(tmp_path):
     out = tmp_path / "shipped"
     shipped = ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(out), "drafts": {
-        "flat": f"{TINY}/draft-flat", "flat-v256": f"{TINY}/draft-flat-v256"}}))
+        "flat": f"{TINY}/draft-flat", "flat-v256": f"{TINY}/draft-flat-v256",
+        "eagle3-v256": f"{TINY}/draft-eagle3-v256"}}))
     _, cfg, meta = io.load(f"{shipped}/draft-flat-v256")
     assert cfg.draft.vocab == 256 and meta.draft_vocab == 256 and meta.variant == "flat-v256"
-    assert sorted(p.name for p in out.iterdir()) == ["draft-flat", "draft-flat-v256", "expert", "target",
-                                                     "tokenizer.json"]
+    _, cfg, meta = io.load(f"{shipped}/draft-eagle3-v256")
+    assert cfg.draft.arch == "eagle3" and cfg.draft.feature_layers == (1, 5, 8) and meta.draft_vocab == 256
+    assert sorted(p.name for p in out.iterdir()) == ["draft-eagle3-v256", "draft-flat", "draft-flat-v256",
+                                                     "expert", "target", "tokenizer.json"]
     # a full-head draft under a -v<N> name, and a reduced head whose meta.json claims another N
     with pytest.raises(ConfigError, match="variant"):
         ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(tmp_path / "bad"),

@@ -57,7 +57,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=count(0, 2 ** 32 - 1), default=0, help="first seed of new drives (0..2**32-1, "
                    "as `scenes generate`)")
     p.add_argument("--seconds", type=seconds_arg, default=None, help="drive length (default: the drive's own, 8 s)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--modes", default="", help=f"comma list of {', '.join(MODES)} (default: every mode the "
+                   "checkpoint runs; the +stream ones need a frame_local target)")
     p.add_argument("--latency", default="measured", help="comma list of 'measured' (this machine's clock) "
                    "and DEVICE:PRESET (roofline-priced calls on a virtual clock), e.g. orin-agx-64:edge-2b")
     p.add_argument("--budget-ms", default=str(DEFAULT_BUDGET_MS), help="budget (ms) of the +budget modes: "

@@ -1,7 +1,9 @@
 """`specdrive export onnx`: a checkpoint folder -> ONNX graphs + meta.json (export/onnx.py).
+`specdrive export edgellm`: a checkpoint folder -> TensorRT Edge-LLM's input folders (export/edgellm.py).
 
     specdrive export onnx --checkpoint DIR --out DIR [--draft NAME] [--profile cpu]
                           [--max-len N] [--k-max K]
+    specdrive export edgellm --checkpoint DIR --out DIR [--draft NAME]
 
 The prompt contract's shapes (cameras, frames, image size), the expert's draws and how they
 combine, and max_len come from the planner profile unless given here.
@@ -15,7 +17,7 @@ from runtime.config import load_planner_config
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("export", help="export a checkpoint folder (onnx)",
+    p = subparsers.add_parser("export", help="export a checkpoint folder (onnx, edgellm)",
                               description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="format", metavar="FORMAT")
     sub.required = True
@@ -29,6 +31,24 @@ def add_parser(subparsers) -> None:
     o.add_argument("--draft-map", default="graph", choices=("graph", "host"),
                    help="a reduced draft head: its d2t map inside the draft graphs (default) or on the host")
     o.set_defaults(run=run)
+    e = sub.add_parser("edgellm", help="the target, the EAGLE-3 draft and the action expert for TensorRT Edge-LLM")
+    e.add_argument("--checkpoint", type=Path, required=True, help="trained planner folder")
+    e.add_argument("--out", type=Path, required=True, help="folder to write (target/, draft/, action/, README.md)")
+    e.add_argument("--draft", default=None, help="the EAGLE-3 draft variant (default: the folder's only one)")
+    e.set_defaults(run=run_edgellm)
+
+
+def run_edgellm(args) -> int:
+    from export.edgellm import export_edgellm
+
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder")
+    if not (args.checkpoint / "tokenizer.json").is_file():
+        raise ConfigError(f"--checkpoint {str(args.checkpoint)!r} is not a trained planner folder (no tokenizer.json)")
+    done = export_edgellm(args.checkpoint, args.out, args.draft)
+    print(f"wrote {done.out}: target/, draft/ ({done.draft}), action/, README.md; feature layers "
+          f"{list(done.feature_layers)} = Edge-LLM hidden_states {list(done.hf_layers)}")
+    return 0
 
 
 def run(args) -> int:

@@ -24,8 +24,9 @@ from prompt.draft_vocab import d2t_sha256
 VARIANTS = {  # draft variant -> (rope, features)
     "flat": ("flat", "fused"), "mrope": ("mrope", "fused"),
     "flat-standalone": ("flat", "none"), "mrope-standalone": ("mrope", "none"),
-    "flat-aarl": ("flat", "fused"),
+    "flat-aarl": ("flat", "fused"), "eagle3": ("flat", "fused"),
 }
+ARCHS = {"eagle3": "eagle3"}    # draft variant -> DraftConfig.arch (every other: "specdrive")
 
 
 def variant_name(variant: str, vocab: int = 0) -> str:
@@ -34,13 +35,16 @@ def variant_name(variant: str, vocab: int = 0) -> str:
 
 
 def draft_config(cfg: ModelConfig, variant: str, vocab: int = 0) -> ModelConfig:
-    """The model config with the draft of `variant` (same depth and feature layers for all),
-    with a head of `vocab` rows (0: the target's)."""
+    """The model config with the draft of `variant` (same depth and feature layers for all;
+    "eagle3": EAGLE-3's one midlayer on the layers Edge-LLM feeds, models.config
+    eagle3_feature_layers), with a head of `vocab` rows (0: the target's)."""
     if variant not in VARIANTS:
         raise ConfigError(f"draft variant {variant!r} is not known; choose one of {sorted(VARIANTS)}")
     rope, features = VARIANTS[variant]
-    draft = DraftConfig(layers=cfg.draft.layers, rope=rope, features=features,
-                        feature_layers=tuple(cfg.draft.feature_layers), vocab=vocab)
+    arch = ARCHS.get(variant, "specdrive")
+    eagle3 = arch == "eagle3"
+    draft = DraftConfig(arch=arch, layers=1 if eagle3 else cfg.draft.layers, rope=rope, features=features,
+                        feature_layers=() if eagle3 else tuple(cfg.draft.feature_layers), vocab=vocab)
     return dataclasses.replace(cfg, draft=draft)
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from models.config import IMAGE_ATTENTION
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
 
 STAGES = ("vision", "sft", "distill", "aarl")
-DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone")   # what `train distill` makes
+DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone", "eagle3")   # what `train distill` makes
 DRAFTS = DISTILLED + ("flat-aarl",)
 
 
@@ -92,6 +93,7 @@ class VisionStageConfig:
 @dataclass
 class SFTConfig:
     preset: str = "tiny"           # configs/models/NAME.yaml or a path
+    image_attention: str = ""      # '' = the preset's llm.image_attention; "causal" | "frame_local"
     init_vision: str = ""          # RUN/vision.safetensors of `train vision`; '' = random tower
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -106,6 +108,8 @@ class SFTConfig:
         for name in ("coc_weight", "commitment_weight", "future_weight", "expert_weight"):
             check_range(name, getattr(self, name), lo=0.0)
         check_range("expert_cuts", self.expert_cuts, lo=0, hi=8)
+        if self.image_attention:
+            check_choice("image_attention", self.image_attention, IMAGE_ATTENTION)
 
 
 @dataclass
@@ -183,7 +187,8 @@ class ShipConfig:
         "mrope": "runs/distill-tiny/mrope-s0/ckpt/draft-mrope",
         "flat-standalone": "runs/distill-tiny/flat-standalone-s0/ckpt/draft-flat-standalone",
         "flat-aarl": "runs/aarl-tiny/ckpt/draft-flat-aarl",
-        "flat-v256": "runs/distill-tiny/flat-v256-s0/ckpt/draft-flat-v256"})
+        "flat-v256": "runs/distill-tiny/flat-v256-s0/ckpt/draft-flat-v256",
+        "eagle3-v256": "runs/distill-tiny/eagle3-v256-s0/ckpt/draft-eagle3-v256"})
     out: str = "checkpoints/tiny"
 
     def __post_init__(self):

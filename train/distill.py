@@ -120,8 +120,14 @@ def run(cfg: DistillConfig) -> list[Path]:
     print("greedy reasoning:", reasoning.summary(cache, tok))
     with_r = [reasoning.with_reasoning(e, cache["tokens"][i][:int(cache["lengths"][i])].numpy(), tok)
               for i, e in enumerate(examples)]
-    teachers = build_teachers(target, with_r, tuple(model_cfg.draft.feature_layers), cfg.gen_batch)
+    teachers = {}        # per feature layers (an EAGLE-3 draft reads other target layers)
     d2t = head_map(cfg, tok) if cfg.draft_vocab else None
-    return [train_draft(v, s, cfg, model_cfg, target, teachers, tok,
-                        out / f"{ckpt.variant_name(v, cfg.draft_vocab)}-s{s}", d2t)
-            for v in cfg.drafts for s in cfg.seeds]
+    out_dirs = []
+    for v in cfg.drafts:
+        layers = tuple(ckpt.draft_config(model_cfg, v).draft.feature_layers)
+        if layers not in teachers:
+            teachers[layers] = build_teachers(target, with_r, layers, cfg.gen_batch)
+        out_dirs += [train_draft(v, s, cfg, model_cfg, target, teachers[layers], tok,
+                                 out / f"{ckpt.variant_name(v, cfg.draft_vocab)}-s{s}", d2t)
+                     for s in cfg.seeds]
+    return out_dirs

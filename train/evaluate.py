@@ -181,7 +181,14 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
                        for f in sorted(set(fams))}
     out["ade"] = expert_ades(expert, target, teachers, exs, cfg.trajectory_samples)
     routine_ends = [t.first + routine_tokens(tok, w) for t, w in zip(teachers, words)]
-    out["drafts"] = {name: draft_numbers(d, teachers, tok, cfg.k, routine_ends, fams) for name, d in drafts.items()}
+    by_layers = {tuple(model_cfg.draft.feature_layers): teachers}    # an EAGLE-3 draft reads other layers
+    for d in drafts.values():
+        layers = tuple(d.cfg.feature_layers)
+        if d.cfg.features == "fused" and layers not in by_layers:
+            by_layers[layers] = build_teachers(target, with_r, layers, cfg.batch)
+    drafts_teachers = {name: by_layers.get(tuple(d.cfg.feature_layers), teachers) for name, d in drafts.items()}
+    out["drafts"] = {name: draft_numbers(d, drafts_teachers[name], tok, cfg.k, routine_ends, fams)
+                     for name, d in drafts.items()}
     if cfg.budget_action:
         out["budget_action"] = claims.budget_action(expert, target, teachers, exs, scenes, tok, out["drafts"],
                                                     BUDGET_PASSES, cfg.trajectory_samples)
@@ -191,7 +198,7 @@ def evaluate_split(cfg, split: str, tok, model_cfg, target, expert, drafts: dict
         n = min(cfg.runtime_scenes, len(teachers))
         for name in shipped:     # the replay on the same scenes, for a like-for-like comparison
             out["runtime_loop"][name]["replay_tau"] = draft_numbers(
-                drafts[name], teachers[:n], tok, cfg.k, routine_ends[:n])["tau"]
+                drafts[name], drafts_teachers[name][:n], tok, cfg.k, routine_ends[:n])["tau"]
     return out
 
 

@@ -16,6 +16,7 @@ move the reasoning); `expert_grad_to_target` lets them through.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -36,9 +37,13 @@ from train.vision import load_into_target
 from train.vocab import build_tokenizer, dataset_corpus
 
 
-def build_models(preset: str, tok, seed: int) -> tuple[ModelConfig, Target, ActionExpert]:
-    """The preset with vocabulary-dependent fields set from `tok`; weights seeded by `seed`."""
+def build_models(preset: str, tok, seed: int, image_attention: str = "") -> tuple[ModelConfig, Target, ActionExpert]:
+    """The preset with vocabulary-dependent fields set from `tok` (and llm.image_attention,
+    unless ''); weights seeded by `seed`."""
     cfg = io.with_tokenizer(load_preset(preset), tok)
+    if image_attention:
+        llm = dataclasses.replace(cfg.target.llm, image_attention=image_attention)
+        cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, llm=llm))
     target, expert, _ = io.new_models(cfg, seed)
     return cfg, target, expert
 
@@ -156,7 +161,7 @@ def run(cfg: SFTConfig) -> Path:
     world = dist.init()
     out = Path(cfg.run.out)
     tok = run_tokenizer(out, world, cfg.data.dir)
-    model_cfg, target, expert = build_models(cfg.preset, tok, cfg.run.seed)
+    model_cfg, target, expert = build_models(cfg.preset, tok, cfg.run.seed, cfg.image_attention)
     if cfg.init_vision:
         load_into_target(target, cfg.init_vision)
     examples, keys = data.load_examples(cfg.data, tok, model_cfg.target.vision, keys=True)

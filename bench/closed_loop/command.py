@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from bench.closed_loop.gif import draw_case
 from bench.closed_loop.latency import parse_latency
-from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
+from bench.closed_loop.loop import APPROX_MODES, DEFAULT_BUDGET_MS, MODES, STREAM_MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
 from bench.closed_loop.report import table
 from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer
 from bench.common.threads import torch_threads
@@ -29,7 +29,7 @@ class ClosedLoopRun:
     split: str = "test"
     seed: int = 0
     seconds: float | None = None    # drive length (None: the drive's own)
-    modes: str = ",".join(MODES)
+    modes: str = ""                 # '' = every mode the checkpoint runs (the streaming ones on a frame_local target)
     latency: str = "measured"
     budget_ms: str = str(DEFAULT_BUDGET_MS)
     profile: str = "cpu"
@@ -56,21 +56,23 @@ def run(setup: ClosedLoopRun) -> int:
     """The command: every drive x mode x latency spec; JSON, table and GIFs under OUT/LATENCY."""
     base = load_planner_config(setup.profile)
     check_scene_cameras(base)
-    modes = parse_modes(setup.modes)
+    asked = parse_modes(setup.modes) if setup.modes else None
     latencies = [parse_latency(s, base) for s in setup.latency.split(",")]
     twice = sorted({lat.label for lat in latencies if [x.label for x in latencies].count(lat.label) > 1})
     if twice:
         raise ConfigError(f"--latency {setup.latency!r} names {', '.join(twice)} more than once; each spec writes "
                           "its own folder under --out: name each once")
     budgets = parse_budgets(setup.budget_ms, len(latencies))
-    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     if setup.expect_drives_fingerprint is not None and not isinstance(setup.drives, Path):
         raise ConfigError("--expect-drives-fingerprint pins a drives folder; --drives is a count of new drives")
     announce_fingerprints(ModelSource(checkpoint=Path(setup.checkpoint), expect_fingerprint=setup.expect_fingerprint),
                           base.fingerprint, setup.drives if isinstance(setup.drives, Path) else None,
                           setup.expect_drives_fingerprint)
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
-    tok, backends = open_backends(setup.checkpoint, base, modes, budgets[0], setup.expect_fingerprint)
+    tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0], setup.expect_fingerprint)
+    streaming = backends["flat"].image_attention == "frame_local"
+    modes = asked or [m for m in MODES if (streaming or m not in STREAM_MODES) and m not in APPROX_MODES]
+    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
         out = Path(setup.out) / lat.label
         (out / "gif").mkdir(parents=True, exist_ok=True)

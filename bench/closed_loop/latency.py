@@ -94,6 +94,8 @@ class Pricer:
         return cost.ms(self.dev, PRECISION)
 
     def _ms(self, call: str, a: int = 0, b: int = 0, c: int = 0) -> float:
+        from bench.common.projection import Workload, image_block_rows, image_blocks_cost, streamed_rest
+
         s, L, ref = self.shapes, self.max_len, self.dev.impl == "reference"
         T = self.prompt_len
         if call == "vision":
@@ -104,6 +106,18 @@ class Pricer:
         if call == "prefill":          # a: with the draft's prefill
             ms = self._cost(s.target(T, T, L, T if ref else 1))
             return ms + (self._cost(s.draft(T, T, L, T if ref else 1)) if a else 0.0)
+        if call == "image_blocks":     # a of a cycle's images' blocks (streaming prefill): that share of the preset's
+            n = round(self.images * a / self.cycle_images)
+            return self._cost(image_blocks_cost(s, self.cfg, n, self.image_hw))
+        if call == "prefill_streamed":  # a: with the draft's prefill; b of a cycle's images computed this cycle
+            n = round(self.images * b / self.cycle_images)
+            w = Workload(images=self.images, image_hw=self.image_hw, max_len=L, precision=PRECISION, streamed_images=n)
+            return self._cost(streamed_rest(s, self.cfg, w, T, draft=bool(a)))
+        if call == "prefill_approximate":   # a: with the draft; b of a cycle's images computed in place
+            n = round(self.images * b / self.cycle_images)          # one call per new block, over the prompt
+            w = Workload(images=self.images, image_hw=self.image_hw, max_len=L, precision=PRECISION, streamed_images=n)
+            block = image_block_rows(self.cfg, self.image_hw)
+            return n * self._cost(s.target(block, T, L, 0)) + self._cost(streamed_rest(s, self.cfg, w, T, draft=bool(a)))
         if call == "draft":            # a fed tokens, then b - 1 more steps, at context c
             return self._cost(s.draft(a, c, L, 1)) + max(b - 1, 0) * self._cost(s.draft(1, c, L, 1))
         if call == "verify":           # width a at context c
@@ -122,6 +136,7 @@ class PricedBackend:
     def __init__(self, backend, pricer: Pricer, clock: FakeClock, with_draft: bool):
         self._be, self.pricer, self.clock, self.with_draft = backend, pricer, clock, with_draft
         self.tiny_prompt = 0          # rows of this cycle's real prompt (row offsets map onto the preset's)
+        self.new_blocks = 0           # image blocks computed this cycle (streaming prefill)
         self.calls: list[tuple[str, float]] = []
 
     def __getattr__(self, name):
@@ -148,6 +163,26 @@ class PricedBackend:
         out = self._be.prefill(inputs, readout)
         self.tiny_prompt = len(inputs.ids)
         self._charge("prefill", self.pricer.ms("prefill", int(self.with_draft)))
+        return out
+
+    def image_blocks(self, frames, ids, positions):
+        out = self._be.image_blocks(frames, ids, positions)
+        self.new_blocks = len(frames)
+        self._charge("prefill", self.pricer.ms("image_blocks", len(frames)))
+        return out
+
+    def prefill_streamed(self, inputs, readout, blocks):
+        out = self._be.prefill_streamed(inputs, readout, blocks)
+        self.tiny_prompt = len(inputs.ids)
+        self._charge("prefill", self.pricer.ms("prefill_streamed", int(self.with_draft), self.new_blocks))
+        self.new_blocks = 0
+        return out
+
+    def prefill_approximate(self, inputs, readout, blocks):
+        out = self._be.prefill_approximate(inputs, readout, blocks)
+        self.tiny_prompt = len(inputs.ids)
+        new = sum(b is None for b in blocks)
+        self._charge("prefill", self.pricer.ms("prefill_approximate", int(self.with_draft), new))
         return out
 
     def draft(self, tokens, start, k, sampling=None):

@@ -33,6 +33,7 @@ from scenes.config import DT
 BUDGET = "BUDGET"           # filled with --budget-ms
 BUDGETED = {"budget_ms": BUDGET, "prior_prompt_ms": 0.0, "prior_vision_ms": 0.0, "prior_prefill_ms": 0.0}
 REUSE = {"vision": True, "lookup": True}     # runtime/reuse.py: exact, keyed by the frames' content
+STREAM = {**REUSE, "prefill": True}          # + streaming prefill: a frame_local target only
 MODES = {   # name -> PlannerConfig overrides
     "plain": {"spec": {"k": 0, "adaptive": False}, "budget": {"budget_ms": 0.0}},
     "speculative": {"budget": {"budget_ms": 0.0}},
@@ -40,7 +41,12 @@ MODES = {   # name -> PlannerConfig overrides
     "plain+budget": {"spec": {"k": 0, "adaptive": False}, "budget": BUDGETED},
     "speculative+budget": {"budget": BUDGETED},
     "speculative+reuse+budget": {"budget": BUDGETED, "reuse": REUSE},
+    "speculative+stream": {"budget": {"budget_ms": 0.0}, "reuse": STREAM},
+    "speculative+stream+budget": {"budget": BUDGETED, "reuse": STREAM},
+    "speculative+approx": {"budget": {"budget_ms": 0.0}, "reuse": {**REUSE, "approximate_prefill": True}},
 }
+STREAM_MODES = ("speculative+stream", "speculative+stream+budget")   # run by default on a frame_local target
+APPROX_MODES = ("speculative+approx",)      # APPROXIMATE (a causal target): only when asked for by name
 DEFAULT_BUDGET_MS = 250.0
 MAX_BUDGET_MS = 60_000.0
 TICK_MS = DT * 1e3

@@ -113,6 +113,8 @@ class Workload:
     budget_ms: float = 100.0
     margin_ms: float = 5.0
     lookup_share: float = 0.0          # share of speculative steps proposed by lookup (drives): no draft step
+    streamed_images: int | None = None  # streaming prefill (a frame_local target): image blocks computed
+                                        # per cycle, the others' K/V kept (None: the whole prompt prefilled)
 
     def __post_init__(self):
         check_choice("precision", self.precision, PRECISIONS)
@@ -125,6 +127,8 @@ class Workload:
         if self.encoded_images is not None:
             check_range("encoded_images", self.encoded_images, lo=0, hi=self.images)
         check_range("lookup_share", self.lookup_share, lo=0.0, hi=1.0)
+        if self.streamed_images is not None:
+            check_range("streamed_images", self.streamed_images, lo=0, hi=self.images)
 
 
 @dataclass
@@ -271,6 +275,43 @@ def prompt_tokens(cfg: ModelConfig, images: int, image_hw) -> int:
     return len(build_prompt(default_tokenizer(), [per_image] * images, np.zeros((16, 3), np.float32)).ids)
 
 
+def image_block_rows(cfg: ModelConfig, image_hw) -> int:
+    """Rows of one image block: <|vision_start|>, the image's LLM tokens, <|vision_end|>."""
+    v = cfg.target.vision
+    return (image_hw[0] // v.patch) * (image_hw[1] // v.patch) // v.merge ** 2 + 2
+
+
+def streamed_prefill(s: "Shapes", cfg: ModelConfig, w: Workload, T: int) -> Cost:
+    """Streaming prefill (runtime/reuse.py): the new frames' image blocks in one call, each block
+    attending to itself alone (L keys); the kept blocks' keys rotated to their rows (read and
+    written once); the rows outside the images in one call over the whole prompt (the text
+    before the images, a few rows, priced with them); the draft's prompt rows as before."""
+    c = image_blocks_cost(s, cfg, w.streamed_images, w.image_hw)
+    c.extend(streamed_rest(s, cfg, w, T))
+    return c
+
+
+def image_blocks_cost(s: "Shapes", cfg: ModelConfig, blocks: int, image_hw) -> Cost:
+    """`blocks` image blocks in one call, each attending to its own L rows alone."""
+    L = image_block_rows(cfg, image_hw)
+    return s.target(blocks * L, L, L, 0) if blocks else Cost()
+
+
+def streamed_rest(s: "Shapes", cfg: ModelConfig, w: Workload, T: int, draft: bool = True) -> Cost:
+    """A streamed prefill after its new blocks: the kept blocks' keys rotated into the cache, the
+    rows outside the images over the whole prompt, [the draft's prompt rows]."""
+    L, llm = image_block_rows(cfg, w.image_hw), cfg.target.llm
+    c, ref = Cost(), s.impl == "reference"
+    kept = (w.images - (w.streamed_images or 0)) * L
+    row_bytes = llm.layers * 2 * llm.kv_heads * llm.head_dim * s.kv
+    c.add("rotate_kept_keys", 6 * kept * llm.layers * llm.kv_heads * llm.head_dim, 2 * kept * row_bytes)
+    rest = T - w.images * L
+    c.extend(s.target(rest, T, w.max_len, rest if ref else 1))
+    if draft:
+        c.extend(s.draft(T, T, w.max_len, T if ref else 1))
+    return c
+
+
 def stage_costs(cfg: ModelConfig, w: Workload, impl: str) -> dict:
     """{call: Cost} of every engine call of one cycle (the draft's feed and chain steps and their
     mean per proposal, one verify per width)."""
@@ -278,8 +319,11 @@ def stage_costs(cfg: ModelConfig, w: Workload, impl: str) -> dict:
     T = w.prompt_len or prompt_tokens(cfg, w.images, w.image_hw)
     N, ref = w.reasoning_tokens, impl == "reference"
     ctx = T + N / 2                                     # mean valid rows while reasoning
-    prefill = s.target(T, T, w.max_len, T if ref else 1)
-    prefill.extend(s.draft(T, T, w.max_len, T if ref else 1))
+    if w.streamed_images is None:
+        prefill = s.target(T, T, w.max_len, T if ref else 1)
+        prefill.extend(s.draft(T, T, w.max_len, T if ref else 1))
+    else:
+        prefill = streamed_prefill(s, cfg, w, T)
     traj = s.target(N + 1, T + N + 1, w.max_len, N + 1 if ref else 0)   # rewrite of the reasoning rows
     traj.extend(s.expert(w.samples, T + N + 1), w.euler_steps)
     enc = w.images if w.encoded_images is None else w.encoded_images
@@ -314,14 +358,17 @@ def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:
     return out
 
 
-def drive_cycle(cfg: ModelConfig, dev: Device, w: Workload, new_images: int, lookup_share: float) -> dict:
+def drive_cycle(cfg: ModelConfig, dev: Device, w: Workload, new_images: int, lookup_share: float,
+                streaming: bool = False) -> dict:
     """The cycle on a drive: the ViT encodes only the `new_images` frames not seen before (the
     others' features are reused: every frame time on the 10 Hz grid leaves one new frame per
-    camera), and `lookup_share` of the speculative steps cost no draft step."""
+    camera), and `lookup_share` of the speculative steps cost no draft step; `streaming`: the
+    prefill computes the new frames' image blocks only (a frame_local target)."""
     import dataclasses
 
-    return project(cfg, dev, dataclasses.replace(w, encoded_images=min(new_images, w.images),
-                                                 lookup_share=lookup_share))
+    new = min(new_images, w.images)
+    return project(cfg, dev, dataclasses.replace(w, encoded_images=new, lookup_share=lookup_share,
+                                                 streamed_images=new if streaming else None))
 
 
 def _cycle(fixed: float, reasoning: float, w: Workload) -> dict:

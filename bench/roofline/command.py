@@ -115,6 +115,8 @@ def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None 
     res = project(cfg, dev, w)
     res["drive"] = {**drive_cycle(cfg, dev, w, cameras, lookup_share), "new_images": min(cameras, w.images),
                     "lookup_share": lookup_share}
+    res["drive_streaming"] = {**drive_cycle(cfg, dev, w, cameras, lookup_share, streaming=True),
+                              "new_images": min(cameras, w.images), "lookup_share": lookup_share}
     res["workload"] = dataclasses.asdict(w)
     res["device_title"] = dev.title
     res["assumptions"] = {"compute_efficiency": dev.compute_efficiency,
@@ -188,6 +190,13 @@ def format_result(r: dict) -> str:
                      f"{d['speculative']['cycle_ms']:.1f} ms "
                      f"against {r['speculative']['cycle_ms']:.1f} ms on snapshots "
                      f"({'fits' if d['speculative']['fits'] else 'does not fit'})")
+    ds = r.get("drive_streaming")
+    if ds:
+        lines.append(f"drive + streaming prefill (a frame_local target: the {ds['new_images']} new frames' image "
+                     f"blocks only, the kept ones rotated): prefill {ds['stages_ms']['prefill']:.1f} ms against "
+                     f"{d['stages_ms']['prefill']:.1f}, speculative cycle {ds['speculative']['cycle_ms']:.1f} ms "
+                     f"({d['speculative']['cycle_ms'] - ds['speculative']['cycle_ms']:.1f} ms below the drive "
+                     f"cycle; {'fits' if ds['speculative']['fits'] else 'does not fit'})")
     for m in r.get("remedies", []):
         line = f"  remedy: {m['remedy']}: alone {m['alone_ms']:.0f} ms ({'fits' if m['alone_fits'] else 'no'})"
         if "cumulative_ms" in m:

@@ -35,9 +35,13 @@ from bench.common import accept_map
 from bench.common.stats import latency
 
 SCHEMA = "specdrive-bench-drives/1"
-MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup")
+MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup", "spec+vision+stream",
+         "spec+vision+lookup+stream", "spec+vision+lookup+approx")
+STREAM_MODES = MODES[5:7]       # streaming prefill: a frame_local target only (by default where it is one)
+APPROX_MODES = MODES[7:]        # APPROXIMATE prefill reuse (a causal target): only when asked for by name
 GOAL_SPEEDUP, GOAL_VISION_CUT = 2.5, 0.40      # issue 26's bar
 MAX_WARMUP = 100
+GOAL_STREAM_SPEEDUP, GOAL_PREFILL_CUT = 2.3, 0.40   # streaming prefill's bar (every exact reuse)
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,21 @@ class DriveMode:
     steps: list = dataclasses.field(default_factory=list)
 
 
-def make_modes(cfg: DriveBenchConfig) -> list[DriveMode]:
+def make_modes(cfg: DriveBenchConfig, streaming: bool = False) -> list[DriveMode]:
+    """The modes asked for (cfg.modes; None: all, the streaming ones where the target is
+    frame_local: `streaming`). A streaming mode asked of a causal target is refused by its Planner."""
     modes = [DriveMode("plain", False, ReuseConfig()),
              DriveMode("plain+vision", False, ReuseConfig(vision=True)),
              DriveMode("spec", True, ReuseConfig()),
              DriveMode("spec+vision", True, ReuseConfig(vision=True)),
-             DriveMode("spec+vision+lookup", True, ReuseConfig(vision=True, lookup=True))]
+             DriveMode("spec+vision+lookup", True, ReuseConfig(vision=True, lookup=True)),
+             DriveMode("spec+vision+stream", True, ReuseConfig(vision=True, prefill=True)),
+             DriveMode("spec+vision+lookup+stream", True, ReuseConfig(vision=True, lookup=True, prefill=True)),
+             DriveMode("spec+vision+lookup+approx", True,
+                       ReuseConfig(vision=True, lookup=True, approximate_prefill=True))]
     if cfg.modes is not None:
-        modes = [m for m in modes if m.name == "plain" or m.name in cfg.modes]
-    return modes
+        return [m for m in modes if m.name == "plain" or m.name in cfg.modes]
+    return [m for m in modes if (streaming or m.name not in STREAM_MODES) and m.name not in APPROX_MODES]
 
 
 def mode_config(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> PlannerConfig:
@@ -125,7 +135,7 @@ def frames_of(cycle, cams) -> list:
 def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: list, cfg: DriveBenchConfig,
                progress: bool = False) -> dict:
     """Every mode on every cycle of every drive (module docstring) -> the record (JSON-ready)."""
-    modes = make_modes(cfg)
+    modes = make_modes(cfg, spec_backend.image_attention == "frame_local" and spec_backend.streams_prefill)
     planners = {m.name: Planner(spec_backend if m.speculative else plain_backend, tok, mode_config(base, m, cfg),
                                 observer=m.steps.append) for m in modes}
     first = drives[0].cycles[0]
@@ -141,10 +151,19 @@ def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: li
                 m.steps.clear()
                 res = _timed(planners[m.name], c, f"drive{di}/{ci}")
                 log[m.name].append(_cycle_row(di, ci, res, m.steps, tok)
-                                    | {"phase": phase_of(c), "family": c.family})
+                                    | {"phase": phase_of(c), "family": c.family, "ade_m": ade_of(res, c)})
                 bar.update()
     bar.close()
     return summarize(modes, log, cfg)
+
+
+def ade_of(res, cycle) -> float | None:
+    """Mean L2 (m) over the waypoints between the delivered trajectory and the drive's own future
+    (the expert's path); None without a trajectory."""
+    if res.trajectory is None:
+        return None
+    pred, fut = np.asarray(res.trajectory, float)[:, :2], np.asarray(cycle.future, float)[:, :2]
+    return float(np.linalg.norm(pred - fut, axis=1).mean())
 
 
 def phase_of(cycle) -> str:
@@ -177,7 +196,8 @@ def _cycle_row(drive: int, cycle: int, res, steps, tok) -> dict:
             "steps": d.get("steps", 0), "emitted": d.get("emitted", 0),
             "lookup_proposed": d.get("looked_up", 0), "lookup_accepted": d.get("looked_up_accepted", 0),
             "model_proposed": sum(s.k for s in model), "model_accepted": sum(s.accepted for s in model),
-            "reused": res.reuse.get("vision", {}).get("reused", 0), "error": res.error,
+            "reused": res.reuse.get("vision", {}).get("reused", 0),
+            "blocks_kept": res.reuse.get("prefill", {}).get("reused", 0), "error": res.error,
             "judged": _judged(res, steps, tok),
             "flags": list(res.flags), "reasoning_ids": [int(i) for i in res.reasoning_ids],
             "trajectory": None if res.trajectory is None else np.asarray(res.trajectory, float)}
@@ -189,13 +209,27 @@ def summarize(modes, log: dict, cfg: DriveBenchConfig) -> dict:
     vision0 = latency(r["vision_ms"] for r in plain)["p50"]
     plain_ok = any(r["error"] is None for r in plain)
     out = [_mode(m.name, log[m.name], plain, p50 if plain_ok else None, vision0 if plain_ok else None) for m in modes]
-    best = out[-1]
+    best = next((m for m in out if m["name"] == "spec+vision+lookup"), out[-1])   # issue 26's mode
     goal = {"speedup": best["cycle_speedup_p50"], "speedup_goal": GOAL_SPEEDUP,
             "vision_cut": best["vision_cut"], "vision_cut_goal": GOAL_VISION_CUT,
             "identical_every_cycle": all(m["identical"]["equal"] == m["identical"]["cycles"] for m in out),
             "tau_lookup_over_model": _tau_ratio(out)}
     goal["met"] = bool((goal["speedup"] or 0.0) >= GOAL_SPEEDUP and (goal["vision_cut"] or 0.0) >= GOAL_VISION_CUT
                        and goal["identical_every_cycle"] and (goal["tau_lookup_over_model"] or 0.0) > 1.0)
+    by = {m["name"]: m for m in out}
+    for m in out:                  # the prefill stage against the same mode without streaming
+        base = by.get(m["name"].removesuffix("+stream")) if m["name"].endswith("+stream") else None
+        m["prefill_cut"] = (round(1.0 - m["prefill_ms_p50"] / base["prefill_ms_p50"], 4)
+                            if base and base["prefill_ms_p50"] else None)
+    stream = by.get("spec+vision+lookup+stream")
+    if stream is not None:
+        goal["streaming"] = {"mode": stream["name"], "speedup": stream["cycle_speedup_p50"],
+                             "speedup_goal": GOAL_STREAM_SPEEDUP, "prefill_cut": stream["prefill_cut"],
+                             "prefill_cut_goal": GOAL_PREFILL_CUT,
+                             "identical": stream["identical"]["equal"] == stream["identical"]["cycles"]}
+        goal["streaming"]["met"] = bool((stream["cycle_speedup_p50"] or 0) >= GOAL_STREAM_SPEEDUP
+                                        and (stream["prefill_cut"] or 0) >= GOAL_PREFILL_CUT
+                                        and goal["streaming"]["identical"])
     cycles = [{k: v for k, v in r.items() if k not in ("trajectory", "reasoning_ids")} | {"mode": name}
               for name, rows in log.items() for r in rows]
     return {"schema": SCHEMA, "config": dataclasses.asdict(cfg), "modes": out, "goal": goal, "cycles": cycles}
@@ -215,7 +249,7 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float | None, vision0: 
     diffs = [float(np.abs(r["trajectory"] - q["trajectory"]).max()) for r, q in zip(rows, plain)
              if r["trajectory"] is not None and q["trajectory"] is not None]
     tot = {k: sum(r[k] for r in rows) for k in ("lookup_proposed", "lookup_accepted", "model_proposed",
-                                                 "model_accepted", "reused")}
+                                                 "model_accepted", "reused", "blocks_kept")}
     return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis, **_alpha(rows),
             "alpha_by_phase": _alpha_by(rows, "phase"), "alpha_by_family": _alpha_by(rows, "family"),
             **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]
@@ -224,9 +258,25 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float | None, vision0: 
             "cycle_speedup_p50": round(plain_p50 / cyc["p50"], 4) if cyc["p50"] and plain_p50 else None,
             "tau": round(emitted / steps, 4) if steps else 0.0, **tot,
             "frames_reused_per_cycle": round(tot["reused"] / max(len(rows), 1), 3),
+            "blocks_kept_per_cycle": round(tot["blocks_kept"] / max(len(rows), 1), 3),
             "errors": sum(r["error"] is not None for r in rows), "ok_cycles": len(ok), "failed": failed,
+            "ade_m": _mean([r.get("ade_m") for r in rows]),
+            "ade_change_m": _ade_change(rows, plain),
+            "flagged_approximate": sum("approximate_prefill" in r["flags"] for r in rows),
             "identical": {"cycles": len(rows), "equal": len(rows) - len(differ), "differing": differ[:20]},
             "trajectory_max_diff_m": round(max(diffs), 6) if diffs else None}
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(float(np.mean(values)), 4) if values else None
+
+
+def _ade_change(rows: list, plain: list) -> float | None:
+    """Mean over the cycles both delivered of this mode's ADE minus plain decoding's (m)."""
+    pairs = [(r["ade_m"], q["ade_m"]) for r, q in zip(rows, plain)
+             if r.get("ade_m") is not None and q.get("ade_m") is not None]
+    return round(float(np.mean([a - b for a, b in pairs])), 4) if pairs else None
 
 
 def _tau_ratio(out: list):
@@ -262,15 +312,17 @@ def _f(value, spec: str, width: int) -> str:
 def table(record: dict) -> str:
     """The record's table; a mode with no successful cycle (or no plain reference) prints "-"
     where a number would need one, and a line says why."""
-    head = (f"{'mode':20s} {'p50 ms':>8s} {'p99 ms':>8s} {'speedup':>7s} {'vision':>7s} {'cut':>6s} {'tau':>6s} "
-            f"{'lookup':>11s} {'model':>11s} {'same':>9s} {'alpha r/c':>11s}")
+    head = (f"{'mode':26s} {'p50 ms':>8s} {'p99 ms':>8s} {'speedup':>7s} {'vision':>7s} {'cut':>6s} {'prefill':>7s} "
+            f"{'cut':>6s} {'tau':>6s} {'lookup':>11s} {'model':>11s} {'same':>9s} {'alpha r/c':>11s}")
     lines = [head]
     for m in record["modes"]:
-        failed = m.get("failed")
+        failed, cut = m.get("failed"), m.get("prefill_cut")
         cyc, vis = (m["cycle_ms"], m["vision_ms"]) if not failed else ({"p50": None, "p99": None}, {"p50": None})
+        prefill = None if failed else m["prefill_ms_p50"]
         speedup = _f(m["cycle_speedup_p50"], "6.2f", 6) + ("x" if m["cycle_speedup_p50"] is not None else " ")
-        lines.append(f"{m['name']:20s} {_f(cyc['p50'], '8.1f', 8)} {_f(cyc['p99'], '8.1f', 8)} "
+        lines.append(f"{m['name']:26s} {_f(cyc['p50'], '8.1f', 8)} {_f(cyc['p99'], '8.1f', 8)} "
                      f"{speedup} {_f(vis['p50'], '7.2f', 7)} {_f(m['vision_cut'], '6.1%', 6)} "
+                     f"{_f(prefill, '7.2f', 7)} {_f(cut, '6.1%', 6)} "
                      f"{m['tau']:6.2f} {m['lookup_accepted']:>5d}/{m['lookup_proposed']:<5d} "
                      f"{m['model_accepted']:>5d}/{m['model_proposed']:<5d} "
                      f"{m['identical']['equal']:>4d}/{m['identical']['cycles']:<4d} "
@@ -291,6 +343,12 @@ def table(record: dict) -> str:
                  f"{_f(g['vision_cut'], '.1%', 1)}, identical "
                  f"{g['identical_every_cycle']}, tau ratio {g['tau_lookup_over_model']}: "
                  f"{'met' if g['met'] else 'NOT met'}")
+    st = g.get("streaming")
+    if st:
+        lines.append(f"streaming goal (>= {st['speedup_goal']}x cycle p50 with every exact reuse, prefill cut >= "
+                     f"{st['prefill_cut_goal']:.0%} against the mode without streaming, same text every cycle): "
+                     f"{st['mode']} {st['speedup']}x, prefill cut {st['prefill_cut']}, identical {st['identical']}: "
+                     f"{'met' if st['met'] else 'NOT met'}")
     return "\n".join(lines)
 
 

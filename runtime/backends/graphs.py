@@ -50,6 +50,23 @@ class GraphBackend(Backend):
         self.feat_dim = 3 * t.hidden if self.fused else 1
         self.delta = 0
         self.action_fixed = (meta.action.samples, meta.action.combine)   # in action_output
+        self.image_attention = t.image_attention
+
+    def block_rows(self, blocks: list, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Kept image blocks (per frame (kv (layers, 2, 1, KVH, L, hd) with K before rope, feats
+        (L, F))) -> their target cache rows (layers, 2, 1, KVH, n*L, hd), keys rotated to
+        `positions` (3, n*L), and their features (n*L, F)."""
+        kv = np.concatenate([b[0] for b in blocks], axis=4)
+        cos, sin = self.target_rope(np.asarray(positions)[:, None])          # (1, n*L, hd)
+        k = kv[:, 0]
+        half = k.shape[-1] // 2
+        rotated = np.concatenate([-k[..., half:], k[..., :half]], -1)
+        kv = np.stack([k * cos + rotated * sin, kv[:, 1]], 1).astype(np.float32)
+        return kv, np.concatenate([b[1] for b in blocks])
+
+    def split_blocks(self, kv: np.ndarray, feats: np.ndarray) -> list:
+        """image_blocks' outputs kv (layers, 2, n, KVH, L, hd), feats (n, L, F) -> per frame."""
+        return [(np.ascontiguousarray(kv[:, :, i:i + 1]), feats[i].copy()) for i in range(kv.shape[2])]
 
     def init_draft_vocab(self, folder, meta: EnginesMeta, tokenizer) -> None:
         """meta.json's draft_vocab (None for a full head): a reduced head's d2t checked against its

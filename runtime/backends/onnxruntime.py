@@ -27,9 +27,11 @@ import onnxruntime as ort
 
 from prompt.artifacts import ONNX_FORMAT, EnginesMeta
 from prompt.config import ConfigError, file_sha256
-from prompt.graphs import ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
-from runtime.backend import BackendSpec, PrefillInputs
+from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL,
+                           STEP, STEP_TREE, VISION, VISION_FRAME)
+from runtime.backend import BackendSpec, PrefillInputs, image_rows
 from runtime.backends.graphs import GraphBackend, split_frames
+from runtime.tree import TreeBuilder
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -74,6 +76,44 @@ class OrtBackend(GraphBackend):
     def use_vision(self, frames: list) -> None:
         self.images = (np.concatenate([f[0] for f in frames]), np.concatenate([f[1] for f in frames], axis=1))
 
+    @property
+    def takes_trees(self) -> bool:
+        """The export has the step_tree graph (exports before token trees do not: re-export), at
+        the step graph's precision (calibration quantizes `step` only)."""
+        g = self.meta.graphs
+        return STEP_TREE in self.sessions and g[STEP_TREE].precision == g[STEP].precision
+
+    @property
+    def tree_width(self) -> int:
+        return self.meta.k_max + 1          # the verify widths the export was made for
+
+    @property
+    def streams_prefill(self) -> bool:
+        return IMAGE_BLOCKS in self.sessions
+
+    def image_blocks(self, frames: list, ids: np.ndarray, positions: np.ndarray) -> list:
+        n, L = len(frames), len(ids)
+        cos, sin = self.target_rope(np.broadcast_to(np.asarray(positions)[:, None], (3, n, L)))
+        kv, feats = self._run(IMAGE_BLOCKS, ids=np.broadcast_to(np.asarray(ids, np.int64), (n, L)), cos=cos, sin=sin,
+                              image_embeds=np.stack([f[0] for f in frames]),
+                              deepstack=np.stack([f[1] for f in frames], axis=1))
+        return self.split_blocks(kv, feats)
+
+    def prefill_streamed(self, inputs: PrefillInputs, readout: str, blocks: list) -> np.ndarray:
+        ids = np.asarray(inputs.ids, np.int64)[None]
+        T = ids.shape[1]
+        self.check_rows(0, T)
+        first, end = image_rows(inputs)
+        pos = np.asarray(inputs.positions)
+        self.delta = int(inputs.rope_delta)
+        self._step(ids[:, :first], 0, pos[:, :first])
+        self.cache[..., first:end, :], feats = self.block_rows(blocks, pos[:, first:end])
+        if self.fused:
+            self.feats[first:end] = feats
+        logits, top = self._step(ids[:, end:], end, pos[:, end:])
+        self._draft_prefill(ids, pos, self.images[0], self.feats[None, :T] if self.fused else None)
+        return self.read(readout, lambda: top[0, -1:], lambda: logits[0, -1:])
+
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)[None]
         T = ids.shape[1]
@@ -88,11 +128,16 @@ class OrtBackend(GraphBackend):
         self.cache[..., :T, :] = kv
         if self.fused:
             self.feats[:T] = feats[0]
-        dcos, dsin = self.draft_rope(0, T, np.asarray(inputs.positions)[:, None])
-        extra = {"feats": np.concatenate([np.zeros_like(feats[:, :1]), feats[:, :-1]], 1)} if self.fused else {}
+        self._draft_prefill(ids, np.asarray(inputs.positions), embeds, feats if self.fused else None)
+        return self.read(readout, lambda: top[0, -1:], lambda: logits[0, -1:])
+
+    def _draft_prefill(self, ids, positions, embeds, feats) -> None:
+        """The draft's prompt rows; a fused draft reads the target's features (1, T, F) shifted."""
+        T = ids.shape[1]
+        dcos, dsin = self.draft_rope(0, T, positions[:, None])
+        extra = {"feats": np.concatenate([np.zeros_like(feats[:, :1]), feats[:, :-1]], 1)} if feats is not None else {}
         (dkv,) = self._run(DRAFT_PREFILL, ids=ids, cos=dcos, sin=dsin, image_embeds=embeds, **extra)
         self.draft_cache[..., :T, :] = dkv
-        return self.read(readout, lambda: top[0, -1:], lambda: logits[0, -1:])
 
     # --- draft, verify, action ---------------------------------------------------------------
     def draft(self, tokens, start: int, k: int, sampling=None):
@@ -124,6 +169,74 @@ class OrtBackend(GraphBackend):
         logits, top = self._step(ids, start)
         return self.read(readout, lambda: top[0], lambda: logits[0])
 
+    # --- token trees (runtime/tree.py) ----------------------------------------------------------
+    def draft_tree(self, tokens, start: int, shape):
+        """The draft graphs take no tree mask, so the draft expands its best node per depth (a
+        chain of draft_feed / draft_chain calls, each row's context its ancestors exactly) and
+        every expanded node proposes its top-K: the tree is that chain with its siblings."""
+        ids = np.asarray(tokens, np.int64)[None]
+        self.check_rows(start, ids.shape[1] + shape.depth - 1)
+        b, graph = TreeBuilder(shape, expand=1), DRAFT_FEED
+        feats = self.feed_features(start, ids.shape[1])
+        row, node = start, None
+        while True:
+            n = ids.shape[1]
+            cos, sin = self.draft_rope(row, n)
+            extra = {} if feats is None else {"feats": feats}
+            logits, _, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
+                                              start=np.array([row], np.int64),
+                                              allowed=self.draft_allowed(row + 1, n), **extra)
+            self.draft_cache[..., row:row + n, :] = kv
+            top_ids, top_lp = self._topk(logits[0, -1], shape.topk)
+            if node is None:
+                b.root(top_ids, top_lp)
+            else:
+                b.children([node], [row], top_ids[None], top_lp[None])
+            nodes = b.expand()
+            if nodes is None:
+                return b.tree()
+            node, row = nodes[0], row + n
+            ids = np.array([[b.tokens[node]]], np.int64)
+            if self.fused:
+                graph, feats = DRAFT_CHAIN, hidden[:, -1:]
+
+    def _topk(self, logits: np.ndarray, k: int):
+        """A draft graph's masked last-row logits (its head's, with a host map) -> the top-k target
+        ids and their log-probabilities."""
+        if self.host_map:
+            full = np.full(self.vocab_size, -np.inf, np.float32)
+            full[self.d2t] = logits
+            logits = full
+        z = logits.astype(np.float64)
+        z = z - z.max()
+        lp = z - np.log(np.exp(z).sum())
+        top = np.argsort(-lp, kind="stable")[:k]
+        return top.astype(np.int64), lp[top]
+
+    def verify_tree(self, tokens, start: int, readout: str, offsets, mask) -> np.ndarray:
+        ids = np.asarray(tokens, np.int64)[None]
+        n = ids.shape[1]
+        self.check_rows(start, n)
+        offsets = np.asarray(offsets, np.int64)
+        cos, sin = self.target_rope((start + offsets + self.delta)[None])
+        rows = (start + 1 + offsets - self.mask_first) % len(self.allowed)
+        logits, top, feats, kv = self._run(STEP_TREE, ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
+                                           start=np.array([start], np.int64), allowed=self.allowed[rows],
+                                           tree=np.asarray(mask, bool))
+        self.cache[..., start:start + n, :] = kv
+        if self.fused:
+            self.feats[start:start + n] = feats[0]
+        return self.read(readout, lambda: top[0], lambda: logits[0])
+
+    def keep_rows(self, start: int, rows, draft_start: int, draft_rows) -> None:
+        rows, draft_rows = np.asarray(rows, np.int64), np.asarray(draft_rows, np.int64)
+        if len(rows):
+            self.cache[..., start:start + len(rows), :] = self.cache[..., rows, :]
+            if self.fused:
+                self.feats[start:start + len(rows)] = self.feats[rows]
+        if len(draft_rows):
+            self.draft_cache[..., draft_start:draft_start + len(draft_rows), :] = self.draft_cache[..., draft_rows, :]
+
     def write(self, tokens, start: int) -> None:
         self._step(np.asarray(tokens, np.int64)[None], start)
 
@@ -138,10 +251,12 @@ class OrtBackend(GraphBackend):
         return wp[0].astype(np.float32)
 
     # --- internals -----------------------------------------------------------------------------
-    def _step(self, ids: np.ndarray, start: int):
-        """Target step over ids (1, n) at `start`: writes the rows' K/V (and features)."""
+    def _step(self, ids: np.ndarray, start: int, positions=None):
+        """Target step over ids (1, n) at `start` (text positions row + delta, or `positions`
+        (3, n)): writes the rows' K/V (and features)."""
         n = ids.shape[1]
-        cos, sin = self.target_rope(np.arange(start, start + n)[None] + self.delta)
+        cos, sin = self.target_rope(np.arange(start, start + n)[None] + self.delta if positions is None
+                                    else np.asarray(positions)[:, None])
         logits, top, feats, kv = self._run(STEP, ids=ids, cos=cos, sin=sin, cache=self.bound["cache"],
                                            start=np.array([start], np.int64), allowed=self.allowed_rows(start + 1, n))
         self.cache[..., start:start + n, :] = kv

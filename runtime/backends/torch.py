@@ -30,12 +30,15 @@ from models import io
 from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.draft import shift_features
-from models.target import Target
+from models.rope import apply_rope
+from models.layers import move_rows, tree_mask
+from models.target import Target, write_image_blocks
 from prompt.config import ConfigError
 from prompt.graphs import SHAPES
 from prompt.pixels import images_to_patches
-from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise
+from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise, image_rows
 from runtime.config import K_MAX_LIMIT
+from runtime.tree import TreeBuilder
 
 DRAFT_KINDS = ("routine", "self", "none")
 DEFAULT_MAX_LEN = SHAPES.max_len
@@ -44,6 +47,9 @@ DEFAULT_MAX_LEN = SHAPES.max_len
 class TorchBackend(Backend):
     name = "torch"
     reuses_vision = True
+    streams_prefill = True
+    approximates_prefill = True
+    takes_trees = True
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = DEFAULT_MAX_LEN,
@@ -57,6 +63,7 @@ class TorchBackend(Backend):
                 m.to(self.device).eval()
         llm = cfg.target.llm
         self.vocab_size, self.max_len = llm.vocab_size, int(max_len)
+        self.image_attention = llm.image_attention
         self.fused = draft_kind == "routine" and cfg.draft.features == "fused"
         self.feature_layers = tuple(cfg.draft.feature_layers) if self.fused else ()
         # routine fused drafts re-feed accepted proposals with the target's features
@@ -121,12 +128,94 @@ class TorchBackend(Backend):
         logits, hid = self.target(ids, cos, sin, self.cache, 0, embeds, deep, self.feature_layers)
         if self.fused:
             self.feats[:ids.shape[1]] = torch.cat(hid, -1)[0]
+        self._draft_prefill(ids, pos, embeds, deep)
+        return self._read(logits[0, -1:], readout, ids.shape[1])
+
+    def _draft_prefill(self, ids, pos, embeds, deep) -> None:
+        """The draft's prompt rows (after the target's: a fused draft reads its features)."""
         if self.draft_kind == "self":
-            self.draft_model(ids, cos, sin, self.draft_cache, 0, embeds, deep)
+            self.draft_model(ids, *self.target.rope(pos), self.draft_cache, 0, embeds, deep)
         elif self.draft_kind == "routine":
             f = shift_features(self.feats[None, :ids.shape[1]]) if self.fused else None
             self.draft_model(ids, *self._draft_rope(0, ids.shape[1], pos), self.draft_cache, 0, f, embeds)
-        return self._read(logits[0, -1:], readout, ids.shape[1])
+
+    @torch.no_grad()
+    def image_blocks(self, frames: list, ids: np.ndarray, positions: np.ndarray) -> list:
+        """Per frame: ([(k before rope, v) (1, KVH, L, D) per layer], fused features (L, F) or None)."""
+        n, L = len(frames), len(ids)
+        embeds = torch.cat([f[0] for f in frames])
+        deep = [torch.cat([f[1][j] for f in frames]) for j in range(len(frames[0][1]))]
+        block_ids = torch.as_tensor(np.asarray(ids), device=self.device)[None].expand(n, L)
+        pos = torch.as_tensor(np.asarray(positions), device=self.device)[:, None].expand(3, n, L)
+        kv, hid = self.target.image_block_kv(block_ids, *self.target.rope(pos), embeds, deep,
+                                              self.feature_layers)
+        feats = torch.cat(hid, -1) if self.fused else None
+        return [([(k[i:i + 1].clone(), v[i:i + 1].clone()) for k, v in kv],
+                 None if feats is None else feats[i].clone()) for i in range(n)]
+
+    @torch.no_grad()
+    def prefill_streamed(self, inputs: PrefillInputs, readout: str, blocks: list) -> np.ndarray:
+        ids = torch.as_tensor(np.asarray(inputs.ids), device=self.device)[None]
+        T = ids.shape[1]
+        self.check_rows(0, T)
+        first, end = image_rows(inputs)
+        self.delta = int(inputs.rope_delta)
+        pos = torch.as_tensor(np.asarray(inputs.positions), device=self.device)[:, None]   # (3, 1, T)
+        cos, sin = self.target.rope(pos)
+        layers = self.feature_layers
+        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers)
+        kv = [(torch.cat([b[0][j][0] for b in blocks]), torch.cat([b[0][j][1] for b in blocks]))
+              for j in range(len(self.cache))]
+        rows = torch.arange(first, end, device=self.device)
+        write_image_blocks(self.cache, kv, rows, cos[:, first:end], sin[:, first:end])
+        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers)
+        if self.fused:
+            self.feats[:first] = torch.cat(hid, -1)[0]
+            self.feats[first:end] = torch.cat([b[1] for b in blocks])
+            self.feats[end:T] = torch.cat(tail, -1)[0]
+        self._draft_prefill(ids, pos, *self.images)
+        return self._read(logits[0, -1:], readout, T)
+
+    @torch.no_grad()
+    def prefill_approximate(self, inputs: PrefillInputs, readout: str, blocks: list):
+        """APPROXIMATE (reuse.approximate_prefill, a causal target): blocks[i] None -> image i computed
+        in place (attending to every row before it), else its kept K/V rotated to its rows. -> (the
+        readout of row T-1, per image the block K/V computed now (K un-rotated) or None)."""
+        ids = torch.as_tensor(np.asarray(inputs.ids), device=self.device)[None]
+        T = ids.shape[1]
+        self.check_rows(0, T)
+        first, end = image_rows(inputs)
+        self.delta = int(inputs.rope_delta)
+        pos = torch.as_tensor(np.asarray(inputs.positions), device=self.device)[:, None]
+        cos, sin = self.target.rope(pos)
+        embeds, deep = self.images
+        layers, F = self.feature_layers, self.feats
+        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers)
+        if self.fused:
+            F[:first] = torch.cat(hid, -1)[0]
+        new, P = [], embeds.shape[0] // len(blocks)
+        for i, (s, n) in enumerate(inputs.image_spans):
+            a, b = s - 1, s + n + 1
+            rows = torch.arange(a, b, device=self.device)
+            if blocks[i] is not None:
+                write_image_blocks(self.cache, blocks[i][0], rows, cos[:, a:b], sin[:, a:b])
+                if self.fused:
+                    F[a:b] = blocks[i][1]
+                new.append(None)
+                continue
+            _, hid = self.target(ids[:, a:b], cos[:, a:b], sin[:, a:b], self.cache, a,
+                                 embeds[i * P:(i + 1) * P], [d[i * P:(i + 1) * P] for d in deep], layers)
+            kv = [(apply_rope(layer[0][:, :, a:b], cos[:, a:b], -sin[:, a:b]).clone(), layer[1][:, :, a:b].clone())
+                  for layer in self.cache]
+            f = torch.cat(hid, -1)[0].clone() if self.fused else None
+            if self.fused:
+                F[a:b] = f
+            new.append((kv, f))
+        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers)
+        if self.fused:
+            F[end:T] = torch.cat(tail, -1)[0]
+        self._draft_prefill(ids, pos, embeds, deep)
+        return self._read(logits[0, -1:], readout, T), new
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
         """(P, V) on the device once per phase; rows picked per token by sequence index."""
@@ -166,6 +255,89 @@ class TorchBackend(Backend):
             self.feats[start:start + ids.shape[1]] = feats
         return self._read(logits[0], readout, start + 1)
 
+    # --- token trees (runtime/tree.py) ----------------------------------------------------------
+    @torch.no_grad()
+    def draft_tree(self, tokens, start: int, shape):
+        """Feed `tokens` at `start` (the root is the last), then expand level by level: the K best
+        candidates of a depth are fed in one call at the next free rows, each under a mask of the
+        prefix, its ancestors' rows and its own, at the position of its depth."""
+        if self.draft_kind == "none":
+            raise ConfigError("this backend has no draft (--draft none): use k = 0")
+        ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
+        n = ids.shape[1]
+        self.check_rows(start, n)
+        logits, hidden = self._draft_step(ids, start, self.feed_features(start, n))
+        base, K = start + n, shape.topk
+        b = TreeBuilder(shape)
+        top_ids, top_lp = self._topk(logits[0, -1:], np.array([base]), K)
+        b.root(top_ids[0], top_lp[0])
+        hid = {-1: hidden[0, -1]} if self.fused else {}
+        row = base
+        while (nodes := b.expand()) is not None:
+            m = len(nodes)
+            self.check_rows(row, m)
+            pos = np.array([base - 1 + b.depths[x] for x in nodes], np.int64)
+            mask = np.zeros((m, self.max_len), bool)
+            mask[:, :base] = True
+            for i, x in enumerate(nodes):
+                mask[i, row + i] = True
+                p = b.parents[x]
+                while p >= 0:
+                    mask[i, b.row_of(p)] = True
+                    p = b.parents[p]
+            node_ids = torch.as_tensor([b.tokens[x] for x in nodes], device=self.device)[None]
+            feat = torch.stack([hid[b.parents[x]] for x in nodes])[None] if self.fused else None
+            logits, hidden = self._feed(node_ids, *self._draft_rope_at(pos), row, feat,
+                                        tree=torch.from_numpy(mask).to(self.device))
+            top_ids, top_lp = self._topk(logits[0], pos + 1, K)
+            b.children(nodes, range(row, row + m), top_ids, top_lp)
+            if self.fused:
+                hid.update({x: hidden[0, i] for i, x in enumerate(nodes)})
+            row += m
+        return b.tree()
+
+    @torch.no_grad()
+    def verify_tree(self, tokens, start: int, readout: str, offsets, mask) -> np.ndarray:
+        ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
+        w = ids.shape[1]
+        self.check_rows(start, w)
+        offsets = np.asarray(offsets, np.int64)
+        pos = torch.as_tensor(start + offsets + self.delta, device=self.device)[None]
+        tree = tree_mask(start, torch.as_tensor(np.asarray(mask, bool), device=self.device), self.max_len)
+        logits, hid = self.target(ids, *self.target.rope(pos), self.cache, start,
+                                  hidden_layers=self.feature_layers, tree=tree)
+        if self.fused:
+            self.feats[start:start + w] = torch.cat(hid, -1)[0]
+        masked = self._masked_at(logits[0].float(), start + 1 + offsets)
+        return self.read(readout, lambda: masked.argmax(-1).cpu().numpy(), lambda: masked.cpu().numpy())
+
+    @torch.no_grad()
+    def keep_rows(self, start: int, rows, draft_start: int, draft_rows) -> None:
+        _move(self.cache, 4, start, rows, self.device)
+        if self.fused:
+            _move(self.feats, 0, start, rows, self.device)
+        if self.draft_cache is not None and len(draft_rows):
+            _move(self.draft_cache, 4, draft_start, draft_rows, self.device)
+
+    def _topk(self, logits: torch.Tensor, index: np.ndarray, k: int):
+        """logits (n, V) choosing the tokens at sequence indices `index` (n,) -> top-k ids and
+        masked log-probabilities, (n, k) each, on the host."""
+        lp = torch.log_softmax(self._masked_at(logits.float(), index), -1)
+        val, ids = lp.topk(min(k, lp.shape[-1]), -1)
+        return ids.cpu().numpy(), val.cpu().numpy()
+
+    def _masked_at(self, logits: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+        """logits (n, V) choosing the tokens at sequence indices `index` (n,) -> masked fp32."""
+        rows = (np.asarray(index, np.int64) - self.mask_first) % len(self.allowed)
+        return logits.float().masked_fill(~self.allowed_dev[torch.from_numpy(rows).to(self.device)], float("-inf"))
+
+    def _draft_rope_at(self, pos: np.ndarray):
+        """cos, sin of draft rows at chain positions `pos` (n,) (a tree node: its depth's row)."""
+        p = torch.as_tensor(np.asarray(pos, np.int64), device=self.device)[None]
+        if self.draft_kind == "self" or self.cfg.draft.rope == "mrope":
+            return self.target.rope(p + self.delta)
+        return self.draft_model.rope(p)
+
     @contextlib.contextmanager
     def action_scope(self):
         """No autograd; on CUDA the fallback's own stream, after the cache writes queued so far."""
@@ -194,11 +366,12 @@ class TorchBackend(Backend):
         logits, hid = self.target(ids, cos, sin, self.cache, start, hidden_layers=self.feature_layers)
         return logits, (torch.cat(hid, -1)[0] if self.fused else None)
 
-    def _feed(self, ids, cos, sin, start, feat=None):
-        """Draft.forward (or the target's, for a self draft) -> logits, hidden (None: self)."""
+    def _feed(self, ids, cos, sin, start, feat=None, tree=None):
+        """Draft.forward (or the target's, for a self draft) -> logits, hidden (None: self);
+        `tree` (T, max_len): a token tree's mask instead of the causal one."""
         if self.draft_kind == "self":
-            return self.draft_model(ids, cos, sin, self.draft_cache, start)[0], None
-        return self.draft_model(ids, cos, sin, self.draft_cache, start, feat)
+            return self.draft_model(ids, cos, sin, self.draft_cache, start, tree=tree)[0], None
+        return self.draft_model(ids, cos, sin, self.draft_cache, start, feat, tree=tree)
 
     # --- internals -----------------------------------------------------------------------------
     def _text_rope(self, start: int, n: int):
@@ -224,6 +397,14 @@ class TorchBackend(Backend):
     def _read(self, logits: torch.Tensor, readout: str, index0: int) -> np.ndarray:
         masked = self._masked(logits, index0)
         return self.read(readout, lambda: masked.argmax(-1).cpu().numpy(), lambda: masked.cpu().numpy())
+
+
+def _move(buf: torch.Tensor, dim: int, start: int, rows, device) -> None:
+    """buf's slices `rows` along `dim` -> start, start+1, .. (read first: the ranges may overlap)."""
+    src = torch.as_tensor(np.asarray(rows, np.int64), device=device)
+    if not len(src) or bool((src == torch.arange(start, start + len(src), device=device)).all()):
+        return
+    move_rows(buf, dim, start, src)
 
 
 def check_image_tokens(ids, image_token_id: int, n_embeds: int) -> None:

@@ -11,8 +11,9 @@ import numpy as np
 
 from prompt.artifacts import EnginesMeta, Manifest
 from prompt.config import ConfigError
-from prompt.graphs import ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, PREFILL, STEP, VISION, VISION_FRAME
-from runtime.backend import BackendSpec, PrefillInputs
+from prompt.graphs import (ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL,
+                           IMAGE_BLOCKS, PREFILL, STEP, VISION, VISION_FRAME)
+from runtime.backend import BackendSpec, PrefillInputs, image_rows
 from runtime.backends.graphs import GraphBackend, split_frames
 from runtime.backends.tensorrt.cuda import Cuda
 from runtime.backends.tensorrt.cuda_graphs import GraphRunner
@@ -185,6 +186,73 @@ class TensorRTBackend(GraphBackend):
         self.cuda("cudaStreamSynchronize", s)
         return tuple(np.array(b) for b in out)       # the staging is reused by the next run
 
+    @property
+    def streams_prefill(self) -> bool:
+        return IMAGE_BLOCKS in self.engines
+
+    def image_blocks(self, frames: list, ids: np.ndarray, positions: np.ndarray) -> list:
+        """The image_blocks engine over n new frames; their K/V and features come back to the host
+        (a frame's entry lives in the planner's cache, as its vision features do)."""
+        e, s, n, L = self.engines[IMAGE_BLOCKS], self.stream, len(frames), len(ids)
+        hd = self.meta.target.head_dim
+        cos, sin = self.target_rope(np.broadcast_to(np.asarray(positions)[:, None], (3, n, L)))
+        inputs = {"ids": np.broadcast_to(np.asarray(ids, np.int64), (n, L)), "cos": cos, "sin": sin,
+                  "image_embeds": np.stack([f[0] for f in frames]),
+                  "deepstack": np.stack([f[1] for f in frames], axis=1)}
+        for name, x in inputs.items():
+            host = self._staging("blocks_" + name, x.shape, e.dtype[name])
+            host[:] = x
+            self.cuda.h2d(e.buf[name], host, s)
+        e.run({name: x.shape for name, x in inputs.items()})
+        t = self.meta.target
+        out = {"kv": (t.layers, 2, n, t.kv_heads, L, hd), "feats": (n, L, self.feat_dim)}
+        back = {}
+        for name, shape in out.items():
+            host = self._staging("blocks_out_" + name, shape, e.dtype[name])
+            self.cuda.d2h(host, e.buf[name], s)
+            back[name] = host
+        self.cuda("cudaStreamSynchronize", s)
+        return self.split_blocks(np.array(back["kv"], np.float32), np.array(back["feats"], np.float32))
+
+    def prefill_streamed(self, inputs: PrefillInputs, readout: str, blocks: list) -> np.ndarray:
+        """The rows before the images and after them through the step engine (its prompt-sized
+        profile), the kept blocks' rows rotated on the host and copied into the cache."""
+        ids = np.asarray(inputs.ids, np.int64)
+        T, cuda, s = len(ids), self.cuda, self.stream
+        self.check_rows(0, T)
+        if not self.has_images:
+            raise ValueError("tensorrt backend: prefill needs vision(images) first")
+        first, end = image_rows(inputs)
+        pos = np.asarray(inputs.positions)
+        self.delta = int(inputs.rope_delta)
+        text = self.target_rope(np.arange(self.max_len)[None] + self.delta)
+        prompt = self.target_rope(pos[:, None])
+        self._upload_rope("", tuple(np.concatenate([p, t[:, T:]], 1) for p, t in zip(prompt, text)))
+        self._step(ids[:first], 0)
+        kv, feats = self.block_rows(blocks, pos[:, first:end])
+        blocks_n, hd, size = self.kv["cache"]
+        host = self._staging("block_rows", kv.shape, np.float16 if size == 2 else np.float32)
+        host[:] = kv
+        dev = self._block_buffer(host.nbytes)
+        cuda.h2d(dev, host, s)
+        self._write_rows("cache", dev, first, end - first)
+        if self.fused:
+            fh = self._staging("block_feats", feats.shape, np.float32)
+            fh[:] = feats
+            cuda.h2d(self.feats + (first + 1) * self.feat_dim * 4, fh, s)
+        self._step(ids[end:], end)
+        self._upload_rope("", text)
+        self.ids_host[:T] = ids                   # the steps above staged their own rows there
+        self._draft_prefill(T, pos, {"ids": None})
+        cuda("cudaEventRecord", self.kv_ready, s)
+        return self._read(self.engines[STEP], T - end - 1, 1, readout)
+
+    def _block_buffer(self, nbytes: int) -> int:
+        """Device rows of the kept image blocks on their way into the cache (grown once)."""
+        if getattr(self, "_blocks_dev", (0, 0))[1] < nbytes:
+            self._blocks_dev = (self.cuda.malloc(nbytes), nbytes)
+        return self._blocks_dev[0]
+
     def prefill(self, inputs: PrefillInputs, readout: str) -> np.ndarray:
         ids = np.asarray(inputs.ids, np.int64)
         T, cuda, s = len(ids), self.cuda, self.stream
@@ -204,19 +272,29 @@ class TensorRTBackend(GraphBackend):
         e.run({"ids": (1, T), "cos": (1, T, hd), "sin": (1, T, hd), "allowed": (T, V)}, {**images, **out})
         self._write_rows("cache", e.buf["kv"], 0, T)
         self._upload_rope("", self.target_rope(np.arange(self.max_len)[None] + self.delta))
+        self._draft_prefill(T, np.asarray(inputs.positions), {"ids": e.buf["ids"]})
+        cuda("cudaEventRecord", self.kv_ready, s)          # the fallback expert reads rows [0, T)
+        return self._read(e, T - 1, 1, readout)
+
+    def _draft_prefill(self, T: int, positions: np.ndarray, ids: dict) -> None:
+        """The draft's prompt rows from the prompt ids (a device buffer, or None: ids_host[:T]
+        copied here), the images and, for a fused draft, the target's features of rows 0..T-2."""
+        cuda, s, F = self.cuda, self.stream, self.feat_dim
+        dp, v = self.engines[DRAFT_PREFILL], self.engines[VISION]
+        if ids["ids"] is None:
+            cuda.h2d(dp.buf["ids"], self.ids_host[:T], s)
+            ids = {}
         dhd = self.meta.draft_llm.head_dim
         if self.meta.draft_rope == "mrope":
             self._upload_rope("d", self.target_rope(np.arange(self.max_len)[None] + self.delta))
-            self._h2d_pair(dp, *self.draft_rope(0, T, np.asarray(inputs.positions)[:, None]))
+            self._h2d_pair(dp, *self.draft_rope(0, T, positions[:, None]))
             drope = {}
         else:
             drope = {"cos": self.rope["dcos"], "sin": self.rope["dsin"]}   # FlatRoPE rows 0..T-1
         feats = {"feats": self.feats} if self.fused else {}               # rows -1..T-2 at index 0..T-1
         shapes = {"ids": (1, T), "cos": (1, T, dhd), "sin": (1, T, dhd), **({"feats": (1, T, F)} if self.fused else {})}
-        dp.run(shapes, {"ids": e.buf["ids"], "image_embeds": v.buf["image_embeds"], **drope, **feats})
+        dp.run(shapes, {**ids, "image_embeds": v.buf["image_embeds"], **drope, **feats})
         self._write_rows("draft_cache", dp.buf["kv"], 0, T)
-        cuda("cudaEventRecord", self.kv_ready, s)          # the fallback expert reads rows [0, T)
-        return self._read(e, T - 1, 1, readout)
 
     def set_mask(self, allowed: np.ndarray | None, first: int = 0) -> None:
         """The periodic mask tiled once into device memory: a call of n tokens copies n rows."""

@@ -1,0 +1,217 @@
+"""Streaming prefill (PlannerConfig.reuse.prefill, runtime/reuse.py): on a frame_local target a
+planner that keeps each frame's image-block K/V delivers the reasoning of a planner that prefills
+every cycle in full, on every cycle of a drive, with cache rows equal to float rounding; a frame
+whose pixels changed under a known identity is recomputed, never served stale; streaming asked of
+a causal target is refused naming why."""
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.layers import frame_local_mask, image_blocks
+from prompt.config import ConfigError
+from runtime.artifacts import ModelSource, open_backend
+from runtime.config import ReuseConfig, load_planner_config
+from runtime.planner import Planner
+from scenes.config import DT, FRAME_OFFSETS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+CYCLES = 7            # the t - 0.5 s frames of cycles 5.. are the t frames of cycles 0..
+
+
+@pytest.fixture(scope="module")
+def drive():
+    from scenes.world import make_drive
+
+    return make_drive(11, None, "test", CYCLES * DT)
+
+
+def frames_of(cycle, cams):
+    return [[(cam, cycle.time - k * DT) for k in FRAME_OFFSETS] for cam in cams]
+
+
+def profile(**reuse):
+    cfg = load_planner_config("cpu")
+    return dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, budget_ms=0.0),
+                               max_reasoning_tokens=24, reuse=ReuseConfig(**reuse))
+
+
+def target_cache(be) -> np.ndarray:
+    if be.name == "torch":
+        return be.cache.numpy()
+    if be.name == "onnxruntime":
+        return np.asarray(be.cache)
+    t = be.meta.target                      # the TensorRT double: device memory read back
+    host = np.zeros((t.layers, 2, 1, t.kv_heads, be.max_len, t.head_dim),
+                    np.float16 if be.kv["cache"][2] == 2 else np.float32)
+    be.cuda.d2h(host, be.cache, be.stream)
+    return host.astype(np.float32)
+
+
+def run_drive(open_planner, drive):
+    """A full-prefill planner and a streaming one on every cycle -> per cycle (reasoning equal,
+    largest trajectory difference in m, largest prompt-row cache difference, prefill counts)."""
+    full = open_planner(profile(vision=True))
+    stream = open_planner(profile(vision=True, prefill=True))
+    out = []
+    for c in drive.cycles:
+        frames = frames_of(c, full.cfg.cameras)
+        a = full.plan(c.images, c.history, frames=frames)
+        b = stream.plan(c.images, c.history, frames=frames)
+        assert a.error is None and b.error is None, (a.error, b.error)
+        rows = a.prompt_len
+        ca, cb = target_cache(full.backend)[..., :rows, :], target_cache(stream.backend)[..., :rows, :]
+        out.append((a.reasoning_ids == b.reasoning_ids, float(np.abs(a.trajectory - b.trajectory).max()),
+                    float(np.abs(ca - cb).max() / max(1.0, np.abs(ca).max())), b.reuse["prefill"]))
+    full.close(), stream.close()
+    return out
+
+
+def assert_exact(per_cycle, n_images=8):
+    same = [s for s, *_ in per_cycle]
+    assert all(same), f"streaming changed the reasoning on cycles {[i for i, s in enumerate(same) if not s]}"
+    worst_traj = max(t for _, t, _, _ in per_cycle)
+    worst_cache = max(c for _, _, c, _ in per_cycle)
+    assert worst_cache < 1e-5, f"streamed cache rows differ from a full prefill by {worst_cache:.3g} (relative)"
+    assert worst_traj < 1e-3, f"streamed trajectories differ by {worst_traj:.3g} m"
+    kept = [p["reused"] for *_, p in per_cycle]
+    half = n_images // 2
+    assert kept == [0] * 5 + [half] * (CYCLES - 5), f"image blocks kept per cycle {kept}"
+    assert all(p["computed"] == n_images - p["reused"] for *_, p in per_cycle)
+
+
+def test_streaming_prefill_is_exact_on_a_drive_torch(drive, frame_local_ckpt):
+    def torch_planner(cfg):
+        be, tok = open_backend(ModelSource(checkpoint=frame_local_ckpt), cfg.max_len, k_max=cfg.spec.k_max)
+        return Planner(be, tok, cfg)
+    assert_exact(run_drive(torch_planner, drive))
+
+
+def test_a_changed_frame_under_a_known_identity_is_recomputed(drive, frame_local_ckpt):
+    be, tok = open_backend(ModelSource(checkpoint=frame_local_ckpt), 512)
+    full_be, _ = open_backend(ModelSource(checkpoint=frame_local_ckpt), 512)
+    stream, full = Planner(be, tok, profile(vision=True, prefill=True)), Planner(full_be, tok, profile())
+    c = drive.cycles[0]
+    frames = frames_of(c, stream.cfg.cameras)
+    stream.plan(c.images, c.history, frames=frames)
+    other = np.array(c.images)
+    other[1, 0] = 255 - other[1, 0]                    # same (camera, time), other pixels
+    res = stream.plan(other, c.history, frames=frames)
+    want = full.plan(other, c.history)
+    assert res.reuse["prefill"] == {"reused": 7, "computed": 1}
+    assert "frame_changed" in res.flags
+    assert res.reasoning_ids == want.reasoning_ids
+    rows = want.prompt_len
+    diff = np.abs(be.cache.numpy()[..., :rows, :] - full_be.cache.numpy()[..., :rows, :]).max()
+    assert diff < 1e-4, f"a stale image block was served (cache rows differ by {diff:.3g})"
+
+
+def test_streaming_asked_of_a_causal_target_is_refused():
+    be, tok = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+    with pytest.raises(ConfigError, match="frame_local.*causal|causal.*frame_local"):
+        Planner(be, tok, profile(vision=True, prefill=True))
+    with pytest.raises(ConfigError, match="reuse.vision"):
+        ReuseConfig(prefill=True)
+
+
+def test_the_frame_local_mask_keeps_each_image_block_to_itself():
+    IMG, VS, VE = 9, 7, 8
+    ids = torch.tensor([[1, 2, VS, IMG, IMG, VE, VS, IMG, VE, 3, 4]])
+    assert image_blocks(ids, IMG).tolist() == [[0, 0, 1, 1, 1, 1, 2, 2, 2, 0, 0]]
+    T = ids.shape[1]
+    rows = torch.arange(T)
+    m = frame_local_mask(ids, IMG, rows, rows[None, :] <= rows[:, None])[0, 0]
+    assert m[4].tolist() == [False] * 2 + [True] * 3 + [False] * 6      # a pad sees its block up to itself
+    assert m[6].tolist() == [False] * 6 + [True] + [False] * 4          # the next block's start: itself only
+    assert m[9].tolist() == [True] * 10 + [False]                       # text after: everything before
+    assert m[1].tolist() == [True, True] + [False] * 9
+
+
+@pytest.fixture(scope="module")
+def frame_local_onnx(frame_local_ckpt, tmp_path_factory):
+    """The frame_local checkpoint exported to ONNX (with its image_blocks graph)."""
+    from export import onnx as ex
+
+    out = tmp_path_factory.mktemp("engines") / "tiny-frame-local-ort"
+    prof = load_planner_config("cpu")
+    ex.export_onnx(frame_local_ckpt, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
+                                                                samples=prof.trajectory_samples),
+                   progress=lambda *_: None)
+    return out
+
+
+def test_streaming_prefill_is_exact_on_a_drive_onnxruntime(drive, frame_local_onnx):
+    calls = []
+
+    def ort_planner(cfg):
+        be, tok = open_backend(ModelSource(engines=frame_local_onnx, threads=1), cfg.max_len, k_max=cfg.spec.k_max)
+        assert be.streams_prefill and be.image_attention == "frame_local"
+        be.watch_graphs = lambda g, inputs: calls.append((cfg.reuse.prefill, g, inputs))
+        return Planner(be, tok, cfg)
+    assert_exact(run_drive(ort_planner, drive))
+    streamed = [(g, i) for p, g, i in calls if p]
+    assert not any(g == "prefill" for g, _ in streamed), "a streaming planner ran the whole prefill graph"
+    blocks = [i["ids"].shape[0] for g, i in streamed if g == "image_blocks"]
+    assert blocks == [8] * 5 + [4] * (CYCLES - 5), f"image blocks computed per call {blocks}"
+
+
+def test_a_causal_export_has_no_streaming(tiny_onnx):
+    be, tok = open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)
+    assert be.image_attention == "causal" and not be.streams_prefill
+    with pytest.raises(ConfigError, match="frame_local"):
+        Planner(be, tok, profile(vision=True, prefill=True))
+
+
+def test_streaming_prefill_is_exact_on_a_drive_tensorrt_double(drive, frame_local_onnx, tmp_path, monkeypatch):
+    import shutil
+
+    from fake_engines import TRT, build_fake_engines
+    from trt_doubles import FakeCudaRuntime, FakeTensorRT, install
+
+    out = tmp_path / "tiny-frame-local-trt"
+    shutil.copytree(frame_local_onnx, out)
+    build_fake_engines(out)
+    cuda = FakeCudaRuntime(sm=87)
+    install(monkeypatch, FakeTensorRT(cuda, TRT), cuda)
+
+    def trt_planner(cfg):
+        be, tok = open_backend(ModelSource(engines=out, backend="tensorrt"), cfg.max_len, k_max=cfg.spec.k_max)
+        assert be.streams_prefill and be.image_attention == "frame_local"
+        return Planner(be, tok, cfg)
+    assert_exact(run_drive(trt_planner, drive))
+
+
+def test_the_approximate_mode_is_off_by_default_flagged_and_exact_until_it_keeps_a_frame(drive):
+    """reuse.approximate_prefill on the causal shipped target: cycles that keep no frame are a full
+    prefill's (the new blocks computed in place are causal prefill rows); every cycle that keeps
+    one is flagged approximate_prefill; it is refused on a frame_local target and off by default."""
+    assert not ReuseConfig().approximate_prefill
+    be, tok = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+    full_be, _ = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+    approx = Planner(be, tok, profile(vision=True, approximate_prefill=True))
+    full = Planner(full_be, tok, profile(vision=True))
+    for i, c in enumerate(drive.cycles):
+        frames = frames_of(c, full.cfg.cameras)
+        a, b = full.plan(c.images, c.history, frames=frames), approx.plan(c.images, c.history, frames=frames)
+        kept = b.reuse["prefill"]["reused"]
+        assert kept == (0 if i < 5 else 4), (i, b.reuse)
+        assert ("approximate_prefill" in b.flags) == (kept > 0)
+        if not kept:
+            assert a.reasoning_ids == b.reasoning_ids, i
+            rows = a.prompt_len
+            diff = np.abs(be.cache.numpy()[..., :rows, :] - full_be.cache.numpy()[..., :rows, :]).max()
+            assert diff < 1e-4, (i, diff)
+
+
+def test_the_approximate_mode_is_refused_where_it_does_not_apply(frame_local_ckpt, tiny_onnx):
+    be, tok = open_backend(ModelSource(checkpoint=frame_local_ckpt), 512)
+    with pytest.raises(ConfigError, match="exact: use reuse.prefill"):
+        Planner(be, tok, profile(vision=True, approximate_prefill=True))
+    ort_be, tok = open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)
+    with pytest.raises(ConfigError, match="torch only"):
+        Planner(ort_be, tok, profile(vision=True, approximate_prefill=True))
+    with pytest.raises(ConfigError, match="exclude each other"):
+        ReuseConfig(vision=True, prefill=True, approximate_prefill=True)
