@@ -227,9 +227,10 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
     layers = tuple(mcfg.draft.feature_layers) if fused else ()
     graphs = {}
     host_map = bool(mcfg.draft.vocab) and cfg.draft_map == "host"
+    rope = rope_facts(mcfg)
     for gname, module, args, names, dyn in _graphs(target, expert, dmodel, fused, layers, shapes, cfg, host_map):
         t0 = time.perf_counter()
-        graphs[gname] = _export(module.eval(), args, names, dyn, out / f"{gname}.onnx")
+        graphs[gname] = _export(module.eval(), args, names, dyn, out / f"{gname}.onnx", rope)
         progress(f"exported {gname}.onnx ({time.perf_counter() - t0:.1f} s)")
     shutil.copy(Path(checkpoint) / "tokenizer.json", out / "tokenizer.json")
     meta = _meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok)
@@ -324,8 +325,21 @@ def _graphs(target, expert, draft, fused, layers, s, cfg: ExportConfig, host_map
     return out
 
 
-def _export(module, args, names, dynamic, path: Path) -> dict:
-    """torch.onnx.export (dynamo, opset 18) -> the graph's file, hash and I/O (names, shapes, dtypes)."""
+ROPE_KEY = "specdrive.rope"      # an ONNX graph's metadata_props entry: the rotary facts it was exported for
+
+
+def rope_facts(mcfg) -> dict:
+    """The rotary facts the host builds cos/sin from (target and draft), as the export's graphs
+    carry them: the graphs take cos/sin as inputs, so a meta.json whose rope fields were edited
+    (its facts hash recomputed) would otherwise still load and plan wrong."""
+    t, d = mcfg.target.llm, mcfg.draft_llm()
+    return {name: {"head_dim": m.head_dim, "rope_theta": float(m.rope_theta), "mrope_section": list(m.mrope_section),
+                   "interleaved": bool(m.interleaved)} for name, m in (("target", t), ("draft_llm", d))}
+
+
+def _export(module, args, names, dynamic, path: Path, rope: dict | None = None) -> dict:
+    """torch.onnx.export (dynamo, opset 18) -> the graph's file, hash and I/O (names, shapes, dtypes);
+    `rope` (rope_facts) stamped into the graph's metadata_props."""
     inputs, outputs = names
     dyn = None
     if dynamic:
@@ -338,6 +352,13 @@ def _export(module, args, names, dynamic, path: Path) -> dict:
         torch.onnx.export(module, args, str(path), dynamo=True, opset_version=OPSET,
                           input_names=inputs, output_names=outputs, dynamic_shapes=dyn,
                           external_data=False, verbose=False)
+    if rope is not None:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        entry = model.metadata_props.add()
+        entry.key, entry.value = ROPE_KEY, json.dumps(rope, sort_keys=True)
+        onnx.save(model, str(path))
     return {"file": path.name, "sha256": file_sha256(path), **graph_io(path)}
 
 

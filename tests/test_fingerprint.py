@@ -98,10 +98,11 @@ def _plan(args, capsys):
     return code, out.out, out.err
 
 
-def test_a_restamped_engines_meta_runs_unpinned_and_is_refused_pinned(tiny_onnx, tmp_path, capsys):
+def test_a_restamped_engines_meta_is_refused_unpinned_by_its_graphs_and_pinned_by_its_fingerprint(
+        tiny_onnx, tmp_path, capsys):
     """rope_theta edited and facts_sha256 recomputed with the project's own helper: the facts
-    hash cannot tell (the rotary tables are built on the host; the step graph takes cos/sin as
-    inputs and holds no inverse frequencies to check against), so unpinned it loads; pinned by
+    hash cannot tell, but each graph carries the rotary facts it was exported for (metadata
+    "specdrive.rope"), so even unpinned the folder is refused naming the field; pinned by
     --expect-fingerprint or by the planner profile it exits 2 before any cycle, and `plan`
     prints the fingerprint at start."""
     e = tmp_path / "e"
@@ -113,7 +114,8 @@ def test_a_restamped_engines_meta_runs_unpinned_and_is_refused_pinned(tiny_onnx,
     meta = json.loads((e / "meta.json").read_text())
     meta["target"]["rope_theta"] = 1e4
     (e / "meta.json").write_text(json.dumps(stamp_facts(meta)))
-    open_backend(ModelSource(engines=e), 512)                          # unpinned: nothing tells
+    with pytest.raises(ConfigError, match=r"'target.rope_theta' = 10000.0, but graph .* was exported for 5000000.0"):
+        open_backend(ModelSource(engines=e), 512)                      # unpinned: the graphs tell
     assert folder_fingerprint(e) != fp
     code, out, err = _plan(["--engines", str(e), "--expect-fingerprint", fp, "--out", str(tmp_path / "o1")], capsys)
     assert code == 2 and f"not the {fp} pinned by --expect-fingerprint" in err, err

@@ -354,8 +354,33 @@ def open_sessions(folder: Path, meta: EnginesMeta, device: str, threads: int = 0
                 if h != w:
                     raise ConfigError(f"{folder / g.file}: {h[0]!r} is {h[2]} {h[1]} in the graph but "
                                       f"meta.json graph {name!r} declares {w[2]} {w[1]}")
+        check_rope(folder / g.file, sess, meta)
         sessions[name] = sess
     return sessions
+
+
+def check_rope(file: Path, sess, meta: EnginesMeta) -> None:
+    """The rotary facts a graph was exported with (its metadata "specdrive.rope", export/onnx.py)
+    against meta.json's, from which the host builds cos/sin: an edited rope_theta fails here even
+    with its facts hash recomputed. Graphs of older exports carry none and are not checked."""
+    import json
+
+    raw = sess.get_modelmeta().custom_metadata_map.get("specdrive.rope")
+    if raw is None:
+        return
+    try:
+        said = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"{file}: its 'specdrive.rope' metadata is not JSON; re-export the folder") from None
+    for part, dims in (("target", meta.target), ("draft_llm", meta.draft_llm)):
+        want = said.get(part, {}) if isinstance(said, dict) else {}
+        have = {"head_dim": dims.head_dim, "rope_theta": float(dims.rope_theta),
+                "mrope_section": list(dims.mrope_section), "interleaved": bool(dims.interleaved)}
+        for key, value in have.items():
+            if key in want and want[key] != value:
+                raise ConfigError(f"{file.parent}/meta.json: field '{part}.{key}' = {value!r}, but graph {file.name} "
+                                  f"was exported for {want[key]!r}: the rotary tables built from meta.json would not "
+                                  "be the model's (meta.json was edited); re-export the folder")
 
 
 def create(spec: BackendSpec) -> OrtBackend:
