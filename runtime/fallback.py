@@ -34,6 +34,7 @@ class Fallback:
         self.executor = ThreadPoolExecutor(1, "fallback") if cfg.fallback == "worker" else None
         self.lock = None if backend.concurrent_action else threading.Lock()
         self.pending: Future | None = None     # the last cycle's job nobody read (it reads the cache)
+        self.abandoned: list[Future] = []      # replaced jobs still running (fallback_stuck)
         self.begin_cycle()
 
     # --- the expert, under the lock --------------------------------------------------------------
@@ -67,6 +68,12 @@ class Fallback:
         """The next prefill overwrites the cache the last job reads: wait for it, at most
         wait_cap_ms (timed as the stage "fallback_wait"). A worker still busy then is
         abandoned and replaced (flag fallback_stuck); one that failed unseen is flagged."""
+        self.abandoned = [j for j in self.abandoned if not j.done()]
+        if self.abandoned and self.lock is not None:
+            res.flags.append("expert_overlap")
+            res.notes.append(f"{len(self.abandoned)} abandoned expert call(s) still running beside this cycle's: "
+                             "this backend cannot overlap two expert calls, so their timings (and, on an "
+                             "engine with shared buffers, their results) are not to be trusted")
         job, self.pending = self.pending, None
         if job is None or job.done() and job.exception() is None:
             return
@@ -77,6 +84,7 @@ class Fallback:
                 res.flags.append("fallback_stuck")
                 res.notes.append("the last cycle's fallback trajectory did not finish; its worker "
                                  "was replaced")
+                self.abandoned.append(job)
                 self.executor.shutdown(wait=False, cancel_futures=True)
                 self.executor = ThreadPoolExecutor(1, "fallback")
                 self.lock = None if self.lock is None else threading.Lock()

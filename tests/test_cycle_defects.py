@@ -311,6 +311,9 @@ def test_one_hung_fallback_does_not_hold_the_planner_in_stops():
     for r in results:
         assert r.source == "reasoning" and "expert_busy" not in r.flags, (r.source, r.flags, r.error)
     assert sum("fallback_stuck" in r.flags for r in results) == 1
+    # while the abandoned call still runs beside new expert calls (the backend cannot overlap
+    # two), every cycle says so (issue 37: it ran unflagged)
+    assert all("expert_overlap" in r.flags for r in results[1:]), [r.flags for r in results]
     be.gate.set()
     assert hung.exception(timeout=SAFETY_S) is None          # it released its own lock, no other
     later = [p.plan(IMAGES, history(8)) for _ in range(3)]
