@@ -44,6 +44,7 @@ import torch
 
 from models import io
 from models.draft import Draft
+from models.hf import check_causal
 from models.names import check_names
 from prompt.artifacts import TRTLLM_FORMAT as FORMAT, TrtllmMeta
 from prompt.config import ConfigError, file_sha256, read_json
@@ -353,6 +354,7 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
     tok = load_tokenizer(checkpoint)
     draft_dir = standalone_draft(checkpoint)
     cfg, target, expert, draft = io.load_models({**io.scan_checkpoints(checkpoint)[0], "draft": draft_dir}, tok)
+    check_causal(cfg.target, f"TensorRT-LLM checkpoint of {checkpoint}")
     fp8 = {"target": profile.precision.step == "fp8", "draft": profile.precision.draft_chain == "fp8"}
     amax, calib = {"target": None, "draft": None}, None
     if any(fp8.values()):

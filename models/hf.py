@@ -22,6 +22,7 @@ from models.config import (DraftConfig, ExpertConfig, LLMConfig, ModelConfig, Ta
                            VisionConfig)
 from models.names import check_names
 from models.target import Target
+from prompt.config import ConfigError
 
 STYLES = {"qwen3_vl": "qwen3", "qwen2_5_vl": "qwen2.5"}
 VISION_ACT = {"qwen3": "gelu_pytorch_tanh", "qwen2.5": "silu"}
@@ -223,8 +224,19 @@ def load_hf(path: str | Path, dtype=torch.float32) -> tuple[Target, ModelConfig]
     return target, model_cfg
 
 
+def check_causal(cfg, where: str) -> None:
+    """Runtimes that build their own causal mask (transformers' generate, TensorRT-LLM, TensorRT
+    Edge-LLM) would run a frame_local target as if it were causal, with other output: refused."""
+    if cfg.llm.image_attention != "causal":
+        raise ConfigError(f"{where}: this target's llm.image_attention is {cfg.llm.image_attention!r}; the "
+                          "runtime this writes for builds a causal mask and would run it as another model. "
+                          "Use specdrive's runtimes (torch, onnxruntime, tensorrt), or a causal target")
+
+
 def save_hf(target: Target, path: str | Path) -> None:
-    """Write config.json + model.safetensors (HF names and shapes; never pickle)."""
+    """Write config.json + model.safetensors (HF names and shapes; never pickle). A frame_local
+    target is refused (check_causal)."""
+    check_causal(target.cfg, f"save_hf {path}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     shapes = hf_shapes(target)

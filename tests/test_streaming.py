@@ -215,3 +215,15 @@ def test_the_approximate_mode_is_refused_where_it_does_not_apply(frame_local_ckp
         Planner(ort_be, tok, profile(vision=True, approximate_prefill=True))
     with pytest.raises(ConfigError, match="exclude each other"):
         ReuseConfig(vision=True, prefill=True, approximate_prefill=True)
+
+
+def test_runtimes_with_their_own_causal_mask_refuse_a_frame_local_target(frame_local_ckpt, tmp_path):
+    """An HF folder (transformers, Edge-LLM) or a TensorRT-LLM checkpoint of a frame_local target
+    would be run as a causal model, with other output: refused, naming the layout."""
+    from models import io
+    from models.hf import save_hf
+
+    _, _, target, _ = io.load_planner(frame_local_ckpt)
+    with pytest.raises(ConfigError, match="frame_local.*causal mask"):
+        save_hf(target, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
