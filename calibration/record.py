@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from prompt.artifacts import EnginesMeta
 from prompt.config import ConfigError, file_sha256, read_json
-from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, PREFILL, STEP, VISION, VISION_FRAME
+from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, IMAGE_BLOCKS, PREFILL, STEP, STEP_TREE, VISION, VISION_FRAME
 
 CACHE_INPUTS = {"cache"}          # inputs that are the full KV cache (trimmed when recorded)
 # the LLM graphs keep a sample from every scene; the others (vision, draft prefill, action expert:
@@ -159,6 +159,34 @@ def frame_samples(vision_samples: list[dict], images: int) -> list[dict]:
     return out
 
 
+def tree_samples(step_samples: list[dict]) -> list[dict]:
+    """The tree step graph's inputs, from the step graph's: a chain is the tree whose mask is
+    causal, and step_tree on it computes what step computes (the planner calls step_tree only
+    under spec.tree, which calibration's profile does not set)."""
+    return [{**s, "tree": np.tril(np.ones((s["ids"].shape[1],) * 2, bool))} for s in step_samples]
+
+
+def block_samples(prefill_samples: list[dict], image_token_id: int) -> list[dict]:
+    """A frame_local export's image_blocks inputs, cut from the prefill graph's: each image block
+    (<|vision_start|> pads <|vision_end|>) with its rows' cos/sin (attention inside a block sees
+    only position differences) and its image's features (the planner calls image_blocks only
+    under reuse.prefill, which calibration's profile does not set)."""
+    out = []
+    for s in prefill_samples:
+        ids = s["ids"][0]
+        pad = np.flatnonzero(ids == image_token_id)
+        runs = np.split(pad, np.flatnonzero(np.diff(pad) != 1) + 1) if len(pad) else []
+        if not runs or len({len(r) for r in runs}) != 1:
+            raise ConfigError("calibration: the prefill's image blocks are not all of one size")
+        P = len(runs[0])
+        rows = [np.arange(r[0] - 1, r[-1] + 2) for r in runs]
+        out.append({"ids": np.stack([ids[r] for r in rows]), "cos": np.stack([s["cos"][0, r] for r in rows]),
+                    "sin": np.stack([s["sin"][0, r] for r in rows]),
+                    "image_embeds": s["image_embeds"].reshape(len(runs), P, -1),
+                    "deepstack": s["deepstack"].reshape(s["deepstack"].shape[0], len(runs), P, -1)})
+    return out
+
+
 def record(folder: Path, meta: EnginesMeta, tokenizer, planner_cfg, scenes, per_scene: int = 1,
            threads: int = 1, progress: bool = True) -> CalibrationSet:
     """Run the fp32 graphs of `folder` through the planner on `scenes`; keep what each graph saw."""
@@ -201,6 +229,10 @@ def record(folder: Path, meta: EnginesMeta, tokenizer, planner_cfg, scenes, per_
             p.close()
     if VISION_FRAME in meta.graphs and VISION_FRAME not in out.graphs and VISION in out.graphs:
         out.graphs[VISION_FRAME] = frame_samples(out.graphs[VISION], len(planner_cfg.cameras) * planner_cfg.frames)
+    if STEP_TREE in meta.graphs and STEP_TREE not in out.graphs and STEP in out.graphs:
+        out.graphs[STEP_TREE] = tree_samples(out.graphs[STEP])
+    if IMAGE_BLOCKS in meta.graphs and IMAGE_BLOCKS not in out.graphs and PREFILL in out.graphs:
+        out.graphs[IMAGE_BLOCKS] = block_samples(out.graphs[PREFILL], meta.target.image_token_id)
     missing = sorted(set(meta.graphs) - set(out.graphs))
     if missing:
         raise ConfigError(f"calibration: the planner never called {missing} on {len(scenes)} scenes; "
