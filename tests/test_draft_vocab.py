@@ -142,11 +142,14 @@ def test_tampered_or_mismatched_maps_are_refused(models, tmp_path):
     rehash(folder, "d2t_sha256", d2t_sha256(good[::-1].copy()))
     with pytest.raises(ConfigError, match="d2t sha256"):
         io.load_draft(folder, cfg, target, TOK)
-    # the map rewritten inside the safetensors file, its file hash updated: d2t_sha256 still catches it
+    # the map rewritten inside the safetensors file (still ascending: its last row points at the
+    # next token id), its file hash updated: d2t_sha256 still catches it
     folder = save_reduced(tmp_path / "c", cfg, target)
     file = folder / "draft.safetensors"
     state = safetensors.torch.load_file(str(file))
-    state["d2t"] = state["d2t"].flip(0).contiguous()
+    state["d2t"] = state["d2t"].clone()
+    state["d2t"][-1] += 1
+    assert int(state["d2t"][-1]) < len(TOK) and bool((state["d2t"][1:] > state["d2t"][:-1]).all())
     safetensors.torch.save_file(state, str(file))
     meta = json.loads((folder / "meta.json").read_text())
     meta["modules"]["draft"].update(sha256=file_sha256(file), bytes=file.stat().st_size)
