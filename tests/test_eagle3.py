@@ -18,6 +18,8 @@ from prompt.draft_vocab import build_d2t, token_counts
 from prompt.tokenizer import load_tokenizer
 from train import ckpt
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models: one torch thread
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["the lead vehicle brakes ahead so slow down", "keep the lane at steady speed",
          "a pedestrian crosses ahead so stop", "keep the lane"]

@@ -29,6 +29,8 @@ from prompt.tokenizer import load_tokenizer
 from safetensors.torch import load_file
 from train import ckpt
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models: one torch thread
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "checkpoints" / "tiny"
 VENV = ROOT / ".venv-edgellm"
