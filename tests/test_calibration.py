@@ -315,7 +315,7 @@ def test_calibrate_cli_errors(tiny_onnx, tmp_path, capsys):
 def test_cache_inputs_are_the_kv_graphs(calibrated):
     folder, fp32, _, _ = calibrated
     with_cache = {g for g, e in fp32.graphs.items() if any(i.name in CACHE_INPUTS for i in e.inputs)}
-    assert with_cache == {"step", "draft_feed", "draft_chain"} & set(fp32.graphs)
+    assert with_cache == {"step", "step_tree", "draft_feed", "draft_chain"} & set(fp32.graphs)
     assert Path(folder / "calibration" / "index.json").is_file()
 
 
