@@ -147,12 +147,7 @@ class OrtBackend(GraphBackend):
         feats = self.feed_features(start, ids.shape[1])
         for _ in range(k):
             n = ids.shape[1]
-            cos, sin = self.draft_rope(start, n)
-            extra = {} if feats is None else {"feats": feats}
-            logits, top, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
-                                                start=np.array([start], np.int64),
-                                                allowed=self.draft_allowed(start + 1, n), **extra)
-            self.draft_cache[..., start:start + n, :] = kv
+            logits, top, hidden = self._draft_call(graph, ids, start, feats)
             token, q = self.draft_pick(int(top[0, -1]), logits[0, -1], sampling, len(out))
             if sampling is not None:
                 qs.append(q)
@@ -181,12 +176,7 @@ class OrtBackend(GraphBackend):
         row, node = start, None
         while True:
             n = ids.shape[1]
-            cos, sin = self.draft_rope(row, n)
-            extra = {} if feats is None else {"feats": feats}
-            logits, _, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
-                                              start=np.array([row], np.int64),
-                                              allowed=self.draft_allowed(row + 1, n), **extra)
-            self.draft_cache[..., row:row + n, :] = kv
+            logits, _, hidden = self._draft_call(graph, ids, row, feats)
             top_ids, top_lp = self._topk(logits[0, -1], shape.topk)
             if node is None:
                 b.root(top_ids, top_lp)
@@ -263,6 +253,18 @@ class OrtBackend(GraphBackend):
         if self.fused:
             self.feats[start:start + n] = feats[0]
         return logits, top
+
+    def _draft_call(self, graph: str, ids: np.ndarray, start: int, feats):
+        """One draft_feed / draft_chain call over ids (1, n) at draft row `start`: its K/V rows
+        written into the draft cache -> (logits, argmax, hidden)."""
+        n = ids.shape[1]
+        cos, sin = self.draft_rope(start, n)
+        extra = {} if feats is None else {"feats": feats}
+        logits, top, hidden, kv = self._run(graph, ids=ids, cos=cos, sin=sin, cache=self.bound["draft_cache"],
+                                            start=np.array([start], np.int64),
+                                            allowed=self.draft_allowed(start + 1, n), **extra)
+        self.draft_cache[..., start:start + n, :] = kv
+        return logits, top, hidden
 
     def _run(self, graph: str, **inputs) -> list[np.ndarray]:
         """One session call with IOBinding: the cache OrtValues are bound as they are (their
