@@ -20,7 +20,7 @@ EDGELLM_VENV ?= .venv-edgellm
 EDGELLM      ?= tensorrt-edgellm[export]==0.11.0
 EDGELLM_STAMP = $(EDGELLM_VENV)/.edgellm-installed
 
-.PHONY: all install edgellm test lint demo scenes train train-streaming claims engines engines-cpu bench bench-ort profile drive tools clean help
+.PHONY: all install edgellm test lint demo scenes train train-causal claims engines engines-cpu bench bench-ort profile drive tools clean help
 
 all: test
 
@@ -92,15 +92,15 @@ train: $(STAMP)
 	$(PY) -m tools.cli train ship --config configs/train/ship.yaml
 	$(PY) -m tools.cli train eval --config configs/train/eval.yaml
 
-# The streaming-native target (issue 35): the same data, vision run and SFT recipe with the
-# frame_local image layout, its flat draft, and both targets evaluated on validation scenes
-# (needs data/scenes and runs/vision-tiny from `make train`; ~100 min on 2 CPU cores).
-train-streaming: $(STAMP)
-	$(PY) -m tools.cli train sft --config configs/train/sft-frame-local.yaml
-	$(PY) -m tools.cli train distill --config configs/train/distill-frame-local.yaml
-	$(PY) -m tools.cli train ship --config configs/train/ship-frame-local.yaml
-	$(PY) -m tools.cli train eval --config configs/train/eval-frame-local.yaml
-	$(PY) -m tools.cli train eval --config configs/train/eval-frame-local.yaml --set planner=checkpoints/tiny \
+# The same target in the HF-exact causal image layout (the shipped one is frame-local), its flat
+# draft, and both evaluated on validation scenes (needs data/scenes and runs/vision-tiny from
+# `make train`; ~100 min on 2 CPU cores). It is what the approximate streaming mode runs on.
+train-causal: $(STAMP)
+	$(PY) -m tools.cli train sft --config configs/train/sft-causal.yaml
+	$(PY) -m tools.cli train distill --config configs/train/distill-causal.yaml
+	$(PY) -m tools.cli train ship --config configs/train/ship-causal.yaml
+	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml
+	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml --set planner=runs/tiny-causal \
 		--set out=runs/eval-causal-val/metrics.json
 
 # The seed paper's claims on world v2 (docs/claims.md): three seeds of every draft variant, AARL

@@ -173,7 +173,7 @@ def check_streaming(backend) -> None:
         raise ConfigError(f"reuse.prefill (streaming prefill) needs a target trained with the frame_local image "
                           f"layout; this target's llm.image_attention is {backend.image_attention!r}, where every "
                           "image attends to the images before it, so no frame's KV can be kept exactly. Use a "
-                          "frame_local checkpoint (configs/train/sft-frame-local.yaml) or turn reuse.prefill off")
+                          "frame_local checkpoint (checkpoints/tiny; configs/train/sft.yaml) or turn reuse.prefill off")
     if not backend.streams_prefill:
         raise ConfigError(f"reuse.prefill: backend {backend.name!r} cannot stream the prefill; turn reuse.prefill off")
 

@@ -52,3 +52,17 @@ def test_ship_copies_a_reduced_head_draft_and_refuses_a_mislabelled_one(tmp_path
     (forged / "meta.json").write_text(json.dumps({**meta, "variant": "flat-v128"}))
     with pytest.raises(ConfigError, match="needs 128"):
         ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(tmp_path / "bad2"), "drafts": {"flat-v128": str(forged)}}))
+
+
+def test_ship_refuses_a_draft_trained_against_other_target_weights_and_writes_nothing(tmp_path):
+    stale = tmp_path / "draft-flat"
+    shutil.copytree(f"{TINY}/draft-flat", stale)
+    meta = json.loads((stale / "meta.json").read_text())
+    (stale / "meta.json").write_text(json.dumps({**meta, "target_sha256": "0" * 64}))
+    out = tmp_path / "shipped"
+    with pytest.raises(ConfigError, match="trained against target weights 000000000000.*re-distill"):
+        ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(out), "drafts": {"flat": str(stale)}}))
+    assert not out.exists()                     # checked before anything is copied
+    (stale / "meta.json").write_text(json.dumps({**meta, "target_sha256": ship.target_sha256(TINY)}))
+    ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(out), "drafts": {"flat": str(stale)}}))
+    assert io.read_meta(out / "draft-flat").extra["target_sha256"] == ship.target_sha256(TINY)

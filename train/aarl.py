@@ -176,7 +176,8 @@ def run(cfg: AARLConfig) -> Path:
 
     def on_checkpoint(step):
         ckpt.save_draft(out / "ckpt", "flat-aarl", model_cfg, policy,
-                        {"stage": "aarl", "step": step, "init": cfg.draft, "target": cfg.target})
+                        {"stage": "aarl", "step": step, "init": cfg.draft, "target": cfg.target,
+                         "target_sha256": ckpt.target_sha256(cfg.target)})
 
     loop.fit(cfg.run, {"draft": policy}, step_fn, world, on_checkpoint, {"config": to_dict(cfg)})
     return out / "ckpt" / "draft-flat-aarl"

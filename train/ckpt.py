@@ -9,6 +9,8 @@ loaded by models.io.load_planner / load_draft, which find each part by its meta.
 The ModelConfig stored with a draft carries that draft's DraftConfig (rope, features, vocab).
 A reduced-head draft (DraftConfig.vocab = N) is variant "<variant>-v<N>" (draft-flat-v256/) and its
 meta.json records draft_vocab N and d2t_sha256 (the map itself is the tensor "d2t" of draft.safetensors).
+Every trained draft's meta.json records `target_sha256`, the sha256 of the target weights it was
+trained against, so that `train ship` and `make claims` can tell a stale draft.
 """
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ VARIANTS = {  # draft variant -> (rope, features)
     "flat-aarl": ("flat", "fused"), "eagle3": ("flat", "fused"),
 }
 ARCHS = {"eagle3": "eagle3"}    # draft variant -> DraftConfig.arch (every other: "specdrive")
+
+
+def target_sha256(folder) -> str:
+    """The sha256 of the target weights in planner folder `folder` (its target/ meta.json)."""
+    return io.read_meta(io.scan_checkpoints(folder)[0]["target"]).modules["target"].sha256
 
 
 def variant_name(variant: str, vocab: int = 0) -> str:

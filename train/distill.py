@@ -99,7 +99,7 @@ def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, 
     def on_checkpoint(step):
         ckpt.save_draft(out / "ckpt", variant, model_cfg, draft,
                         {"stage": "distill", "step": step, "seed": seed, "target": cfg.target,
-                         "scenes": len(teachers)})
+                         "target_sha256": ckpt.target_sha256(cfg.target), "scenes": len(teachers)})
 
     loop.fit(run, {"draft": draft}, step_fn, dist.World(), on_checkpoint, {"config": to_dict(cfg)})
     (out / "done.json").write_text(json.dumps({"steps": run.steps}) + "\n")
@@ -114,7 +114,7 @@ def run(cfg: DistillConfig) -> list[Path]:
         p.requires_grad_(False)
     examples = data.load_examples(cfg.data, tok, model_cfg.target.vision)
     out = Path(cfg.run.out)
-    source = io.read_meta(io.scan_checkpoints(cfg.target)[0]["target"]).modules["target"].sha256
+    source = ckpt.target_sha256(cfg.target)
     cache = reasoning.cache_reasoning(out / "reasoning.safetensors", target, examples, tok,
                                       cfg.max_new_tokens, cfg.gen_batch, source)
     print("greedy reasoning:", reasoning.summary(cache, tok))
