@@ -138,3 +138,28 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
         assert loop["same_reasoning"] == 1.0, name
         assert loop["tau"] == pytest.approx(got["drafts"][name]["tau"]), f"{name}: runtime vs replayed tau"
         assert loop["tau"] == pytest.approx(loop["replay_tau"])
+
+
+def test_eval_scores_a_reduced_head_draft_through_its_map(root):
+    """A head over every text token, started from the target head's rows, proposes what the full
+    head proposes: the evaluation must read its rows through d2t and score it the same."""
+    import numpy as np
+
+    from models.draft import Draft
+    from train import ckpt
+    from train.config import DataConfig, EvalConfig
+
+    tok, mcfg, target, expert = io.load_planner("checkpoints/tiny")
+    _, full, _ = io.load_draft("checkpoints/tiny/draft-flat", mcfg, target)
+    text = np.flatnonzero(tok.text_mask())
+    reduced = Draft(ckpt.draft_config(mcfg, "flat", len(text)), target.embed_tokens, target.lm_head)
+    reduced.load_state_dict(full.state_dict(), strict=False)
+    reduced.set_vocab(text)
+    assert reduced.vocab_head.weight.shape[0] == len(text) < mcfg.target.llm.vocab_size
+    cfg = EvalConfig(planner="checkpoints/tiny", data=DataConfig(dir=str(root / "scenes"), split="test", max_scenes=3),
+                     k=4, max_new_tokens=24, batch=3)
+    got = evaluate.evaluate_split(cfg, "test", tok, mcfg, target, expert, {"full": full, "reduced": reduced})
+    a, b = got["drafts"]["full"], got["drafts"]["reduced"]
+    assert a["tau"] > 1.0
+    for key in ("tau", "tau_k8", "alpha_routine", "alpha_commitment"):
+        assert b[key] == pytest.approx(a[key]), key

@@ -89,7 +89,7 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
             acc = np.zeros((K, ids.shape[1] + K), bool)
             for p in range(K):          # a standalone draft has one pass: every chain step reads it
                 logits, _, rows = passes[min(p, len(passes) - 1)]
-                pred = logits[b].masked_fill(~text, float("-inf")).argmax(-1)
+                pred = draft.to_target(logits[b]).masked_fill(~text, float("-inf")).argmax(-1)   # a reduced head: its rows
                 nxt = ids[b, rows[0] + 1:].tolist() + [-1]
                 acc[p, rows[0] - p:rows[0] - p + len(rows)] = pred.numpy() == np.array(nxt[:len(rows)])
             r_end = routine_ends[b0 + b]
