@@ -51,9 +51,12 @@ class GenerateConfig:
     workers: int = 1
     shard_size: int = 256
     render: bool = True
+    split: str | None = None      # write only this split's share of the n (the scenes a whole run writes there)
 
     def __post_init__(self):
         check_int("n", self.n, 1, MAX_SCENES, "scenes")
+        if self.split is not None and self.split not in SPLITS:
+            raise ConfigError(f"split={self.split!r} is not a split; splits are {', '.join(SPLITS)}")
         check_int("workers", self.workers, 1, MAX_WORKERS)
         check_int("shard_size", self.shard_size, 1, MAX_SHARD_SIZE)
         check_int("seed", self.seed, 0, 2 ** 32 - 1)
@@ -108,6 +111,11 @@ def generate(cfg: GenerateConfig, progress: bool = True) -> DatasetManifest:
     """Write the dataset described by cfg; returns its manifest (also written as manifest.json)."""
     out = Path(cfg.out)
     counts = split_counts(cfg.n, cfg.families)
+    if cfg.split is not None:
+        if not counts.get(cfg.split):
+            raise ConfigError(f"--split {cfg.split}: {cfg.n} scenes over {', '.join(counts)} give it none; "
+                              "raise --n")
+        counts = {cfg.split: counts[cfg.split]}
     jobs = [(cfg, split, k, start, min(start + cfg.shard_size, count))
             for split, count in counts.items() for k, start in enumerate(range(0, count, cfg.shard_size))]
     for split in counts:
@@ -115,7 +123,7 @@ def generate(cfg: GenerateConfig, progress: bool = True) -> DatasetManifest:
         for old in (out / split).glob("shard-*"):       # shards of an earlier run in this directory
             if re.fullmatch(r"shard-\d{5}\.(safetensors|json)", old.name):
                 old.unlink()
-    results = _run(jobs, cfg.workers, cfg.n, progress)
+    results = _run(jobs, cfg.workers, sum(counts.values()), progress)
     manifest = {"format": FORMAT, "seed": cfg.seed, "n": cfg.n, "families": list(cfg.families),
                 "render": cfg.render, "image_shape": [IMAGE_H, IMAGE_W], "cameras": [c.name for c in CAMERAS],
                 "frame_times_s": [round(-k * DT, 3) for k in FRAME_OFFSETS], "dt_s": DT,

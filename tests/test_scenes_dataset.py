@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scenes.config import ConfigError, UNSEEN_FAMILY
+from scenes.config import FAMILIES, ConfigError, UNSEEN_FAMILY
 from scenes.dataset import GenerateConfig, generate, load, scene_seed, split_counts
 from scenes.world import make_scene, pick_family
 
@@ -87,3 +87,20 @@ def test_missing_dataset_or_split_is_refused(tmp_path, datasets):
         load(tmp_path, "train")
     with pytest.raises(ConfigError, match="'dev' is not in"):
         load(datasets / "one", "dev")
+
+
+def test_one_split_is_the_share_a_whole_run_writes_there(tmp_path, datasets):
+    """--split with --n: a fresh test range without rendering the other splits."""
+    only = generate(GenerateConfig(str(tmp_path / "test-only"), 30, seed=4, shard_size=7, split="test"),
+                    progress=False)
+    assert list(only.counts) == ["test"] and only.counts["test"] == split_counts(30, FAMILIES)["test"]
+    whole = _digests(datasets / "one")
+    mine = _digests(tmp_path / "test-only")
+    shards = [k for k in mine if k.startswith("test/")]
+    assert shards and all(mine[k] == whole[k] for k in shards)
+    with pytest.raises(ConfigError, match="'train' is not in"):
+        load(tmp_path / "test-only", "train")
+    with pytest.raises(ConfigError, match="give it none; raise --n"):
+        generate(GenerateConfig(str(tmp_path / "tiny"), 3, split="unseen"), progress=False)
+    with pytest.raises(ConfigError, match="'dev' is not a split"):
+        GenerateConfig(str(tmp_path / "x"), 30, split="dev")
