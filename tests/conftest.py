@@ -43,19 +43,22 @@ def tiny_onnx(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def frame_local_ckpt(tmp_path_factory):
-    """checkpoints/tiny with its target declared frame_local (llm.image_attention): the same
-    weights under the other image layout, a valid model whose exactness tests need no training."""
-    import json
-    import shutil
+    """checkpoints/tiny with its target in the frame_local image layout (llm.image_attention): the
+    shipped one is trained so; a copy, declared so whatever the shipped layout."""
+    from folders import planner_copy
 
-    out = tmp_path_factory.mktemp("ckpt") / "tiny-frame-local"
-    shutil.copytree(ROOT / "checkpoints" / "tiny", out)
-    for meta_file in out.glob("*/meta.json"):        # the target and what was trained for it
-        meta = json.loads(meta_file.read_text())
-        if "target" in meta.get("config", {}):
-            meta["config"]["target"]["llm"]["image_attention"] = "frame_local"
-            meta_file.write_text(json.dumps(meta, indent=1) + "\n")
-    return out
+    return planner_copy(ROOT / "checkpoints" / "tiny", tmp_path_factory.mktemp("ckpt") / "tiny-frame-local",
+                        "frame_local")
+
+
+@pytest.fixture(scope="session")
+def causal_ckpt(tmp_path_factory):
+    """checkpoints/tiny's weights declared in the HF-exact causal image layout: the layout the
+    runtimes with their own causal mask take (transformers, TensorRT-LLM, TensorRT Edge-LLM) and the
+    approximate streaming mode needs. A valid model, though not the one the training made."""
+    from folders import planner_copy
+
+    return planner_copy(ROOT / "checkpoints" / "tiny", tmp_path_factory.mktemp("ckpt") / "tiny-causal", "causal")
 
 
 @pytest.fixture(scope="module")

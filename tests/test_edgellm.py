@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from export import edgellm
+from folders import set_layout
 from models import io
 from models.config import load_preset
 from models.draft import Draft
@@ -38,13 +39,21 @@ EXPORTER = VENV / "bin" / "tensorrt-edgellm-export"
 TEXTS = ["the lead vehicle brakes ahead so slow down", "keep the lane at steady speed"]
 
 
-def planner_with(folder: Path, variant: str, vocab: int = 64, seed: int = 0) -> Path:
-    """A planner folder: the shipped target and expert, and a random-weight draft of `variant`."""
+def causal_planner(folder: Path) -> Path:
+    """The shipped target and expert, declared causal (Edge-LLM builds its own causal mask, so
+    export edgellm takes only a causal target; the shipped one is frame_local)."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
     for part in ("target", "expert"):
         if not (folder / part).exists():
             shutil.copytree(SHIPPED / part, folder / part)
+    set_layout(folder, "causal")
+    return folder
+
+
+def planner_with(folder: Path, variant: str, vocab: int = 64, seed: int = 0) -> Path:
+    """A planner folder: the shipped target and expert, and a random-weight draft of `variant`."""
+    causal_planner(folder)
     tok, cfg, target, _ = io.load_planner(folder)
     torch.manual_seed(seed)
     d = Draft(ckpt.draft_config(cfg, variant, vocab), target.embed_tokens, target.lm_head)
@@ -119,10 +128,7 @@ def run_cli(*args, timeout=300):
 def test_bad_requests_exit_2_with_a_message(tmp_path, variant, args, match):
     planner = tmp_path / "p"
     if variant is None:
-        planner.mkdir()
-        shutil.copy(SHIPPED / "tokenizer.json", planner / "tokenizer.json")
-        for part in ("target", "expert"):
-            shutil.copytree(SHIPPED / part, planner / part)
+        causal_planner(planner)
     else:
         planner_with(planner, variant, vocab=0)
     proc = run_cli("--checkpoint", planner, "--out", tmp_path / "out", *args)

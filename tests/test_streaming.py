@@ -4,7 +4,6 @@ every cycle in full, on every cycle of a drive, with cache rows equal to float r
 whose pixels changed under a known identity is recomputed, never served stale; streaming asked of
 a causal target is refused naming why."""
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from runtime.planner import Planner
 from scenes.config import DT, FRAME_OFFSETS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-ROOT = Path(__file__).resolve().parents[1]
 CYCLES = 7            # the t - 0.5 s frames of cycles 5.. are the t frames of cycles 0..
 
 
@@ -109,8 +107,8 @@ def test_a_changed_frame_under_a_known_identity_is_recomputed(drive, frame_local
     assert diff < 1e-4, f"a stale image block was served (cache rows differ by {diff:.3g})"
 
 
-def test_streaming_asked_of_a_causal_target_is_refused():
-    be, tok = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+def test_streaming_asked_of_a_causal_target_is_refused(causal_ckpt):
+    be, tok = open_backend(ModelSource(checkpoint=causal_ckpt), 512)
     with pytest.raises(ConfigError, match="frame_local.*causal|causal.*frame_local"):
         Planner(be, tok, profile(vision=True, prefill=True))
     with pytest.raises(ConfigError, match="reuse.vision"):
@@ -131,14 +129,21 @@ def test_the_frame_local_mask_keeps_each_image_block_to_itself():
 
 
 @pytest.fixture(scope="module")
-def frame_local_onnx(frame_local_ckpt, tmp_path_factory):
-    """The frame_local checkpoint exported to ONNX (with its image_blocks graph)."""
+def frame_local_onnx(tiny_onnx):
+    """The shipped checkpoint's ONNX export (its target is frame_local: with the image_blocks graph)."""
+    assert open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)[0].image_attention == "frame_local"
+    return tiny_onnx
+
+
+@pytest.fixture(scope="module")
+def causal_onnx(causal_ckpt, tmp_path_factory):
+    """The shipped weights declared causal, exported to ONNX (no image_blocks graph)."""
     from export import onnx as ex
 
-    out = tmp_path_factory.mktemp("engines") / "tiny-frame-local-ort"
+    out = tmp_path_factory.mktemp("engines") / "tiny-causal-ort"
     prof = load_planner_config("cpu")
-    ex.export_onnx(frame_local_ckpt, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
-                                                                samples=prof.trajectory_samples),
+    ex.export_onnx(causal_ckpt, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
+                                                           samples=prof.trajectory_samples),
                    progress=lambda *_: None)
     return out
 
@@ -158,8 +163,8 @@ def test_streaming_prefill_is_exact_on_a_drive_onnxruntime(drive, frame_local_on
     assert blocks == [8] * 5 + [4] * (CYCLES - 5), f"image blocks computed per call {blocks}"
 
 
-def test_a_causal_export_has_no_streaming(tiny_onnx):
-    be, tok = open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)
+def test_a_causal_export_has_no_streaming(causal_onnx):
+    be, tok = open_backend(ModelSource(engines=causal_onnx, threads=1), 512)
     assert be.image_attention == "causal" and not be.streams_prefill
     with pytest.raises(ConfigError, match="frame_local"):
         Planner(be, tok, profile(vision=True, prefill=True))
@@ -184,13 +189,13 @@ def test_streaming_prefill_is_exact_on_a_drive_tensorrt_double(drive, frame_loca
     assert_exact(run_drive(trt_planner, drive))
 
 
-def test_the_approximate_mode_is_off_by_default_flagged_and_exact_until_it_keeps_a_frame(drive):
-    """reuse.approximate_prefill on the causal shipped target: cycles that keep no frame are a full
+def test_the_approximate_mode_is_off_by_default_flagged_and_exact_until_it_keeps_a_frame(drive, causal_ckpt):
+    """reuse.approximate_prefill on a causal target (the shipped weights declared causal): cycles that keep no frame are a full
     prefill's (the new blocks computed in place are causal prefill rows); every cycle that keeps
     one is flagged approximate_prefill; it is refused on a frame_local target and off by default."""
     assert not ReuseConfig().approximate_prefill
-    be, tok = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
-    full_be, _ = open_backend(ModelSource(checkpoint=ROOT / "checkpoints" / "tiny"), 512)
+    be, tok = open_backend(ModelSource(checkpoint=causal_ckpt), 512)
+    full_be, _ = open_backend(ModelSource(checkpoint=causal_ckpt), 512)
     approx = Planner(be, tok, profile(vision=True, approximate_prefill=True))
     full = Planner(full_be, tok, profile(vision=True))
     for i, c in enumerate(drive.cycles):
@@ -206,11 +211,11 @@ def test_the_approximate_mode_is_off_by_default_flagged_and_exact_until_it_keeps
             assert diff < 1e-4, (i, diff)
 
 
-def test_the_approximate_mode_is_refused_where_it_does_not_apply(frame_local_ckpt, tiny_onnx):
+def test_the_approximate_mode_is_refused_where_it_does_not_apply(frame_local_ckpt, causal_onnx):
     be, tok = open_backend(ModelSource(checkpoint=frame_local_ckpt), 512)
     with pytest.raises(ConfigError, match="exact: use reuse.prefill"):
         Planner(be, tok, profile(vision=True, approximate_prefill=True))
-    ort_be, tok = open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)
+    ort_be, tok = open_backend(ModelSource(engines=causal_onnx, threads=1), 512)
     with pytest.raises(ConfigError, match="torch only"):
         Planner(ort_be, tok, profile(vision=True, approximate_prefill=True))
     with pytest.raises(ConfigError, match="exclude each other"):

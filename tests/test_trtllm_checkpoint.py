@@ -43,14 +43,16 @@ def stub_calibrate(profile, out, meta, planner, progress):
 
 
 @pytest.fixture(scope="module")
-def models():
-    tok = load_tokenizer(CKPT)
-    draft_dir = trtllm.standalone_draft(CKPT)
-    return io.load_models({**io.scan_checkpoints(CKPT)[0], "draft": draft_dir}, tok)
+def models(causal_ckpt):
+    """TensorRT-LLM builds its own causal mask: its checkpoints are of a causal target (the shipped
+    weights declared causal; the shipped target is frame_local)."""
+    tok = load_tokenizer(causal_ckpt)
+    draft_dir = trtllm.standalone_draft(causal_ckpt)
+    return io.load_models({**io.scan_checkpoints(causal_ckpt)[0], "draft": draft_dir}, tok)
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, causal_ckpt):
     """`engines build` for thor-fp8 (export stubbed, no TensorRT), draft graphs in FP8 too so both
     checkpoints carry scales; CALIB calibration scenes."""
     mp = pytest.MonkeyPatch()
@@ -62,7 +64,7 @@ def built(tmp_path_factory):
                                calibration=dataclasses.replace(prof.calibration, prompts=CALIB))
     out = tmp_path_factory.mktemp("thor") / "thor-fp8"
     lines = []
-    assert eb.build(prof, CKPT, out, load_planner_config(prof.planner), lines.append) == eb.MISSING_TENSORRT
+    assert eb.build(prof, causal_ckpt, out, load_planner_config(prof.planner), lines.append) == eb.MISSING_TENSORRT
     mp.undo()
     return out, prof, lines
 
@@ -292,3 +294,17 @@ def test_refusals(tmp_path, built):
     with pytest.raises(ConfigError, match="sha256 differs"):
         trtllm.read_checkpoint(bad)
     assert GraphPrecision().draft_chain == "fp16"
+
+
+def test_a_frame_local_target_builds_its_tensorrt_engines_and_skips_tensorrt_llm_saying_why(tmp_path, monkeypatch,
+                                                                                            frame_local_ckpt):
+    monkeypatch.setattr(eb, "export_onnx", stub_export)
+    monkeypatch.setattr(eb, "calibrate", stub_calibrate)
+    monkeypatch.setattr(eb, "find_tensorrt", lambda: (None, None))
+    prof = load_profile("thor-fp8")
+    lines = []
+    assert eb.build(prof, frame_local_ckpt, tmp_path, load_planner_config(prof.planner), lines.append) == \
+        eb.MISSING_TENSORRT
+    assert not (tmp_path / "trtllm").exists() and read_manifest(tmp_path).trtllm is None
+    said = [line for line in lines if "trtllm: skipped" in line]
+    assert said and "'frame_local'" in said[0] and "causal mask" in said[0]

@@ -95,6 +95,11 @@ def scene_attention(seeds: dict, kind: str) -> np.ndarray:
     return np.mean([[np.mean(r["attn"][kind]) for r in n["per_scene"]] for n in seeds.values()], 0)
 
 
+def seed_label(seed) -> str:
+    """s0, s1, ... for a distillation seed; a shipped draft's "shipped" as it is."""
+    return f"s{seed}" if str(seed).isdigit() else str(seed)
+
+
 def comparison_table(splits: dict) -> list[str]:
     rows = ["| split | comparison | tau k=8 difference [95%] | history-key mass difference [95%] | "
             "vision-key mass difference [95%] | per seed: tau / history / vision differences |", "|---|---|---|---|---|---|"]
@@ -106,7 +111,7 @@ def comparison_table(splits: dict) -> list[str]:
                 sa, sb = {k: g[a][k] for k in seeds}, {k: g[b][k] for k in seeds}
                 d = tau_diff(sa, sb)
                 h, v = (claims.paired(scene_attention(sa, kind), scene_attention(sb, kind)) for kind in ("history", "vision"))
-                per = "; ".join(f"s{k}: {sb[k]['tau'] - sa[k]['tau']:+.2f} / "
+                per = "; ".join(f"{seed_label(k)}: {sb[k]['tau'] - sa[k]['tau']:+.2f} / "
                                 f"{sb[k]['attn_history'] - sa[k]['attn_history']:+.3f} / "
                                 f"{sb[k]['attn_vision'] - sa[k]['attn_vision']:+.3f}" for k in seeds)
                 rows.append(f"| {split} | {what} ({len(seeds)} paired seeds) | {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] | "
