@@ -93,11 +93,15 @@ train: $(STAMP)
 	$(PY) -m tools.cli train eval --config configs/train/eval.yaml
 
 # The same target in the HF-exact causal image layout (the shipped one is frame-local), its flat
-# draft, and both evaluated on validation scenes (needs data/scenes and runs/vision-tiny from
-# `make train`; ~100 min on 2 CPU cores). It is what the approximate streaming mode runs on.
+# and EAGLE-3 drafts, and both targets evaluated on validation scenes (needs data/scenes and
+# runs/vision-tiny from `make train`; ~100 min on 2 CPU cores). It is what runtimes with their own
+# causal mask take (`specdrive export edgellm --checkpoint runs/tiny-causal`, TensorRT-LLM) and
+# what the approximate streaming mode runs on.
 train-causal: $(STAMP)
 	$(PY) -m tools.cli train sft --config configs/train/sft-causal.yaml
 	$(PY) -m tools.cli train distill --config configs/train/distill-causal.yaml
+	$(PY) -m tools.cli train distill --config configs/train/distill-eagle3.yaml --set target=runs/sft-tiny-causal/ckpt \
+		--set run.out=runs/distill-tiny-causal
 	$(PY) -m tools.cli train ship --config configs/train/ship-causal.yaml
 	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml
 	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml --set planner=runs/tiny-causal \

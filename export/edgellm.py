@@ -38,7 +38,7 @@ from models import io
 from models.alpamayo import save_alpamayo
 from models.config import ModelConfig, eagle3_feature_layers
 from models.draft import Draft
-from models.hf import save_hf
+from models.hf import check_causal, save_hf
 from prompt.config import ConfigError, file_sha256
 from prompt.graphs import SHAPES
 
@@ -110,8 +110,9 @@ def check_draft(cfg: ModelConfig, name: str) -> None:
                           "rotary positions; export a FlatRoPE draft")
 
 
-def check_target(cfg: ModelConfig, tok) -> None:
+def check_target(cfg: ModelConfig, tok, where: str = "export edgellm") -> None:
     llm = cfg.target.llm
+    check_causal(cfg.target, where)          # Edge-LLM builds its own causal mask
     if not llm.mrope_section:
         raise ConfigError("the target has no M-RoPE (llm.mrope_section empty): not a Qwen-VL layout, "
                           "which Edge-LLM's qwen3_vl / qwen2_5_vl export needs")

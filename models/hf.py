@@ -230,7 +230,8 @@ def check_causal(cfg, where: str) -> None:
     if cfg.llm.image_attention != "causal":
         raise ConfigError(f"{where}: this target's llm.image_attention is {cfg.llm.image_attention!r}; the "
                           "runtime this writes for builds a causal mask and would run it as another model. "
-                          "Use specdrive's runtimes (torch, onnxruntime, tensorrt), or a causal target")
+                          "Use specdrive's runtimes (torch, onnxruntime, tensorrt), or a causal-layout target "
+                          "(`make train-causal` trains one: runs/tiny-causal)")
 
 
 def save_hf(target: Target, path: str | Path) -> None:

@@ -136,6 +136,13 @@ def test_bad_requests_exit_2_with_a_message(tmp_path, variant, args, match):
     assert "Traceback" not in proc.stderr
 
 
+def test_the_shipped_frame_local_target_is_refused_naming_the_layout_and_nothing_is_written(tmp_path):
+    proc = run_cli("--checkpoint", SHIPPED, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "'frame_local'" in proc.stderr and "make train-causal" in proc.stderr, \
+        proc.stderr[-800:]
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_draft_on_other_layers_exits_2(tmp_path):
     """An EAGLE-3 draft fused on the layers our specdrive drafts read (2, 6, 9), not Edge-LLM's."""
     tok = load_tokenizer(SHIPPED)
