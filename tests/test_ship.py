@@ -66,3 +66,17 @@ def test_ship_refuses_a_draft_trained_against_other_target_weights_and_writes_no
     (stale / "meta.json").write_text(json.dumps({**meta, "target_sha256": ship.target_sha256(TINY)}))
     ship.run(_cfg(tmp_path, {"sft": TINY, "out": str(out), "drafts": {"flat": str(stale)}}))
     assert io.read_meta(out / "draft-flat").extra["target_sha256"] == ship.target_sha256(TINY)
+
+
+def test_a_draft_is_current_only_for_the_target_weights_it_records(tmp_path):
+    """configs/train/claims.sh re-trains what `python -m train.ckpt DRAFT TARGET` calls stale."""
+    from train.ckpt import main, trained_for
+
+    assert trained_for(f"{TINY}/draft-flat", TINY) and main([f"{TINY}/draft-flat", TINY]) == 0
+    old = tmp_path / "draft-flat"
+    shutil.copytree(f"{TINY}/draft-flat", old)
+    meta = json.loads((old / "meta.json").read_text())
+    meta.pop("target_sha256")                       # a draft from before the record
+    (old / "meta.json").write_text(json.dumps(meta))
+    assert not trained_for(old, TINY) and main([str(old), TINY]) == 1
+    assert not trained_for(tmp_path / "nowhere", TINY)

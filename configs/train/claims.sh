@@ -2,14 +2,18 @@
 # The runs behind docs/claims.md (`make claims`): three seeds of every distilled draft, AARL on each
 # flat seed with the shipped recipe, and the reward-weight x KL ablation of AARL with the action
 # reward on what one verify pass lets through (action_on: one_pass), then the evaluation.
+# A stage is skipped only when its draft's meta.json records the current target's weights
+# (target_sha256): a re-run over an old runs/ folder trains again what a new target made stale.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
-[ -e runs/claims-distill/flat-standalone-s2/ckpt/draft-flat-standalone/meta.json ] && \
-[ -e runs/claims-distill/mrope-standalone-s2/ckpt/draft-mrope-standalone/meta.json ] || \
+TARGET=runs/sft-tiny/ckpt
+current() { $PY -m train.ckpt "$1" $TARGET; }
+current runs/claims-distill/flat-standalone-s2/ckpt/draft-flat-standalone && \
+current runs/claims-distill/mrope-standalone-s2/ckpt/draft-mrope-standalone || \
   $PY -m tools.cli train distill --config configs/train/distill-claims.yaml
 aarl() {  # NAME SEED [overrides...]
   local name=$1 seed=$2; shift 2
-  [ -e runs/claims-aarl/$name/ckpt/draft-flat-aarl/meta.json ] && return 0
+  current runs/claims-aarl/$name/ckpt/draft-flat-aarl && return 0
   $PY -m tools.cli train aarl --config configs/train/aarl.yaml \
     --set draft=runs/claims-distill/flat-s$seed/ckpt/draft-flat --set run.seed=$seed \
     --set run.out=runs/claims-aarl/$name "$@"
