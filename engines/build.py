@@ -51,7 +51,7 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     if profile.trtllm.enabled and layout != "causal":
         steps["trtllm"] = (f"skipped: the target's image layout is {layout!r} and TensorRT-LLM "
                            "builds its own causal mask; these TensorRT engines run it (a causal target gets both)")
-        progress(f"[2/3] trtllm: {steps['trtllm']}")
+        progress(f"trtllm: {steps['trtllm']}")
     elif profile.trtllm.enabled:
         trtllm = write_trtllm(profile, checkpoint, out / "trtllm", planner, progress)
         steps["trtllm"] = trtllm["status"]

@@ -8,7 +8,7 @@ Prints one JSON line per planner: the median ms of each timed call over the cycl
 `--skip` (the first 5 cycles of a drive keep no frame), and the prompt's rows. The calls:
 `prefill` (full), `image_blocks` (the new frames' blocks, one call), `prefill_streamed` (the rows
 around the images, the kept blocks written, the draft's prompt), inside it `write_image_blocks`
-(the kept keys rotated) and `draft_prefill` (the draft's prompt rows, in both planners).
+(the kept keys rotated) and `draft_prompt` (the draft's prompt rows, in both planners).
 Needs a frame_local checkpoint; docs/bench.md "Streaming prefill on whole drives" cites it.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def breakdown(checkpoint: str, drive_seed: int, cycles: int, skip: int, stream: 
     calls = collections.defaultdict(list)
     for name in ("prefill", "image_blocks", "prefill_streamed"):
         timed(calls, be, name, name)
-    timed(calls, be, "_draft_prefill", "draft_prefill")
+    timed(calls, be, "_draft_prefill", "draft_prompt")
     saved = torch_backend.write_image_blocks
     timed(calls, torch_backend, "write_image_blocks", "write_image_blocks")
     planner, rows = Planner(be, tok, cfg), 0
