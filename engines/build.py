@@ -25,7 +25,7 @@ from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
 from prompt.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
 from prompt.config import ConfigError, file_sha256, to_dict
-from prompt.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, TARGET_LLM_GRAPHS
+from prompt.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, STEP_TREE, TARGET_LLM_GRAPHS
 
 BUILT, MISSING_TENSORRT = 0, 3
 INSTALL_TENSORRT = {
@@ -173,7 +173,9 @@ def tool_versions() -> dict:
 
 def dim_ranges(profile: EngineProfile, graph: str) -> list[dict]:
     """Optimization profiles for the graph's named dynamic axes: {axis: (min, opt, max)} each.
-    prefill: prompt rows; step graphs: verify widths 1..k_max+1, then prompt-sized feeds."""
+    prefill: prompt rows; step graphs: verify widths 1..k_max+1, then prompt-sized feeds;
+    step_tree: one profile per tree width w, covering the widths above the one before, tuned at w
+    (the runtime pads a tree's pass to w, so every pass runs at a profile's opt, a CUDA graph each)."""
     s = profile.shapes
     rows = (1, s.max_prompt, s.max_prompt)
     verify = (1, s.k_max + 1, s.k_max + 1)
@@ -181,6 +183,9 @@ def dim_ranges(profile: EngineProfile, graph: str) -> list[dict]:
     other = {"B": (1, 8, 64), "R": (1, s.max_prompt, s.max_len), "n": (1, images, images)}
     if graph in (PREFILL, DRAFT_PREFILL, IMAGE_BLOCKS):
         return [{"T": rows, **other}]
+    if graph == STEP_TREE:
+        lows = (1, *(w + 1 for w in s.tree_widths[:-1]))
+        return [{"T": (lo, w, w), **other} for lo, w in zip(lows, s.tree_widths)]
     return [{"T": verify, **other}, {"T": rows, **other}]
 
 
