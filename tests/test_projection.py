@@ -194,20 +194,18 @@ def test_a_verify_costs_more_with_its_width_but_nearly_nothing_where_memory_boun
 
 
 def test_a_tree_is_priced_as_depth_draft_calls_and_one_verify_of_its_width():
-    """A tree's draft is d draft calls (one feed, d - 1 chain steps: the k = d chain's draft) plus
-    d logits rows to the host; its step adds one verify of 1 + nodes and the path's row moves; the
-    reasoning stage is ceil(N / tau) steps. A chain written as a tree (top-K 1) at the chain's tau
-    prices within 1 % of the chain; at the tau it says it needs, a tree is exactly the goal below."""
+    """A tree's draft is d calls: the root's feed, then d - 1 calls of the K best candidates (K rows
+    each: with top-K 1 exactly the k = d chain's draft, and in the memory-bound regime K rows cost
+    under 2 % more); its step adds one verify of 1 + nodes and the path's row moves; the reasoning
+    stage is ceil(N / tau) steps. A chain written as a tree (top-K 1) at the chain's tau prices
+    within 1 % of the chain; at the tau it says it needs, a tree is exactly the goal below."""
     from bench.common.projection import project_trees, stage_costs, tree_step_costs
     from runtime.tree import TreeShape
 
     cfg, dev, w = _edge_2b("orin-agx-64")
-    costs, tree = stage_costs(cfg, w, dev.impl), tree_step_costs(cfg, w, dev.impl, TreeShape(16, 8, 4), 5.0)
-    chain_draft = costs["draft_step"].ms(dev, "int8") * 8
-    readback = next(o for o in tree["draft"].ops if o.name == "logits_to_host")
-    assert readback.bytes == 8 * 2 * cfg.target.llm.vocab_size * 4
-    assert tree["draft"].ms(dev, "int8") == pytest.approx(chain_draft + readback.bytes / (dev.dram_gbps * 1e9
-                                                                                         * dev.memory_efficiency) * 1e3)
+    chain_draft = stage_costs(cfg, w, dev.impl)["draft_step"].ms(dev, "int8") * 8
+    draft = {K: tree_step_costs(cfg, w, dev.impl, TreeShape(16, 8, K), 5.0)["draft"].ms(dev, "int8") for K in (1, 4)}
+    assert draft[1] == pytest.approx(chain_draft) and 1 < draft[4] / draft[1] < 1.02
     out = project_trees(cfg, dev, w, [(TreeShape(8, 8, 1), 4.0), (TreeShape(16, 8, 4), 5.0), (TreeShape(32, 8, 8), None)])
     as_chain, t16, t32 = out["trees"]
     assert out["chain"]["reasoning_ms"] == pytest.approx(project(cfg, dev, w)["speculative"]["reasoning_ms"])

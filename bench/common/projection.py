@@ -20,12 +20,15 @@ the CPU validation shows what that leaves out). Batch 1, one cycle:
                 those cost no draft step (lookup_share)
     trajectory  the target rewrites the N reasoning rows, then `euler_steps` expert forwards over
                 samples x 64 action tokens reading the target's cache (shared by the draws)
-    tree step   a token tree (runtime/tree.py) of N nodes, depth d, top-K, drafted as the graph
-                backends draft it (TensorRT, ONNX Runtime: the best node of each depth fed, one
-                feed and d - 1 chain steps, each call's logits row read back for its top-K), one
-                verify of w = 1 + N (the tree mask costs what a causal one does: a dense kernel
-                computes every score), then the accepted path's K/V rows moved where a chain
-                has them (tau - 1 rows of every layer, read and written): `tree_step_costs`
+    tree step   a token tree (runtime/tree.py) of N nodes, depth d, top-K, drafted EAGLE-2 style
+                as the torch backend drafts it (whose tau `specdrive bench --trees` measures): a
+                feed of the root, then d - 1 calls of the K best candidates of a depth (K rows
+                under a tree mask, top-K on the device); one verify of w = 1 + N (the tree mask
+                costs what a causal one does: a dense kernel computes every score); then the
+                accepted path's K/V rows moved where a chain has them (tau - 1 rows of every
+                layer, read and written): `tree_step_costs`. The graph backends' draft graphs take
+                no tree mask: they feed one node per depth (the same d calls, of one row each, and
+                a logits row back to the host per call), so their trees are narrower
 
 How a backend runs them (`Impl`): the torch reference attends over all max_len cache rows and
 computes logits for every row; an engine attends over the valid rows and reads the logits of the
@@ -348,10 +351,9 @@ def tree_step_costs(cfg: ModelConfig, w: Workload, impl: str, shape, tau: float)
     emits `tau` tokens (module docstring); the valid rows are the reasoning's mean, as a chain's."""
     s = Shapes(cfg, w.precision, impl)
     T = w.prompt_len or prompt_tokens(cfg, w.images, w.image_hw)
-    ctx, llm = T + w.reasoning_tokens / 2, cfg.target.llm
+    ctx, llm, K = T + w.reasoning_tokens / 2, cfg.target.llm, shape.topk
     draft = s.draft(1, ctx, w.max_len, 1)
-    draft.extend(s.draft(1, ctx, w.max_len, 1, fc=False), shape.depth - 1)
-    draft.add("logits_to_host", 0, shape.depth * 2 * llm.vocab_size * 4)
+    draft.extend(s.draft(K, ctx, w.max_len, K, fc=False), shape.depth - 1)
     moves = Cost()
     moves.add("row_moves", 0, 2 * (tau - 1) * llm.layers * 2 * llm.kv_heads * llm.head_dim * s.kv)
     width = 1 + shape.nodes

@@ -256,7 +256,7 @@ def format_result(r: dict) -> str:
 
 def format_trees(t: dict) -> str:
     c = t["chain"]
-    lines = ["token trees (the draft feeds the best node per depth, each call's logits row to the host; one verify "
+    lines = ["token trees (EAGLE-2 drafting: d calls, K candidates a call after the root; one verify "
              f"of width 1 + nodes; the accepted rows moved); the trees' tau from {t['tau_from']['trees']}, the "
              f"chain's from {t['tau_from']['chain']}",
              "verify ms by width: " + ", ".join(f"{w} {ms:.2f}" for w, ms in t["verify_ms"].items()),
