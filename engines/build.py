@@ -113,8 +113,8 @@ def quantization_plan(profile: EngineProfile) -> dict:
             plan[g] = "int8_sq" if profile.calibration.smoothquant else "int8"
         elif p == "fp8":
             plan[g] = "fp8"
-    if profile.int4_awq:
-        plan.update({g: "int4_awq" for g in TARGET_LLM_GRAPHS})
+    if profile.int4_awq:        # step_tree with step: trees verify at the step's precision
+        plan.update({g: "int4_awq" for g in (*TARGET_LLM_GRAPHS, STEP_TREE)})
     return plan
 
 
