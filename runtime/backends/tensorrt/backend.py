@@ -464,9 +464,9 @@ class TensorRTBackend(GraphBackend):
                    capture: bool = False) -> None:
         """Target pass over a tree's n rows at `start` (positions start + offsets, the (n, n) tree
         mask), padded to the smallest tree width w >= n whose rows fit the cache, so it replays
-        that width's CUDA graph (no such width: n rows, eagerly). A pad row is token 0 at the
-        root's position seeing only itself, and no row sees it; its K/V lands past the tree, in
-        rows written again before anything reads them. Host to device: the w ids, cos/sin rows
+        that width's CUDA graph (no such width: n rows, eagerly). A pad row is token 0 at the first
+        pending row's position that sees the prefix and itself, and no row sees it; its K/V lands
+        past the tree, in rows written again before anything reads them. Host to device: the w ids, cos/sin rows
         and the (w, w) mask; the allowed rows are copied on the device."""
         n, e, cuda, s = len(tokens), self.engines[STEP_TREE], self.cuda, self.stream
         w = next((b for b in self.tree_widths if b >= n and start + b <= self.max_len), n)
