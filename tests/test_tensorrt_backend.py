@@ -450,11 +450,19 @@ def test_greedy_trees_equal_plain_decoding_a_profile_and_a_graph_per_tree_width(
     assert cuda.log["graph_launch"] > launches and sum(moves.values()) > 0, moves
 
 
-def test_a_tree_wider_than_the_built_widths_is_refused_naming_them(engines, doubles):
+def test_a_tree_wider_than_the_built_widths_is_refused_naming_them(engines, doubles, tmp_path, capsys):
     """A tree whose pass is wider than step_tree's widest profile (33) exits 2 naming the allowed
-    nodes; a build without step_tree takes no trees."""
-    with pytest.raises(ConfigError, match=r"wider than this backend takes \(33\); allowed nodes <= 32"):
-        planner(engines, spec=SpecConfig(k=8, adaptive=False, tree="40,8,4"))
+    nodes (`specdrive plan` with a profile asking for it); a build without step_tree takes no trees."""
+    from tools.cli import main
+
+    profile = tmp_path / "wide.yaml"
+    profile.write_text((ROOT / "configs" / "planner" / "cpu.yaml").read_text().replace(
+        "spec:\n", "spec:\n  tree: '40,8,4'\n", 1))
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--engines", str(engines), "--backend", "tensorrt", "--profile", str(profile), "--scenes", "1",
+              "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "wider than this backend takes (33); allowed nodes <= 32" in err, err
     _, be = planner(engines, spec=SpecConfig(k=8, adaptive=False, tree="32,8,8"))
     del be.engines["step_tree"]
     from runtime.cycle import check_trees
