@@ -363,7 +363,8 @@ def tree_step_costs(cfg: ModelConfig, w: Workload, impl: str, shape, tau: float)
 def project_trees(cfg: ModelConfig, dev: Device, w: Workload, trees, goal: float = 0.15) -> dict:
     """Token trees against the chain of `w` (k, tau): [(TreeShape, tau or None)] -> the verify ms
     of every width, and per tree its step's ms; with its tau, its reasoning stage (ceil(N / tau)
-    steps) and how far below the chain's it is; always the tau it would need to be `goal` below."""
+    steps) and how far below the chain's it is; always the tau it would need to be `goal` below
+    (`tau_needed`, with N / tau steps unrounded)."""
     chain = project(cfg, dev, w)["speculative"]["reasoning_ms"]
     N, widths = w.reasoning_tokens, sorted({1, w.k + 1, *(1 + t.nodes for t, _ in trees)})
     s = Shapes(cfg, w.precision, dev.impl)
