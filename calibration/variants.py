@@ -21,12 +21,12 @@ from pathlib import Path
 from calibration.quantize import (PRECISIONS, QUANTIZER_VERSION, modelopt_version, quantize_graph,
                                   quantized_types)
 from prompt.config import ConfigError, file_sha256
-from prompt.graphs import ACTION_VELOCITY, DRAFT_GRAPHS, PREFILL, STEP, TARGET_LLM_GRAPHS, VISION
+from prompt.graphs import ACTION_VELOCITY, DRAFT_GRAPHS, PREFILL, STEP, STEP_TREE, TARGET_LLM_GRAPHS, VISION
 from prompt.artifacts import EnginesMeta, stamp_facts
 
-TARGET, DRAFT = TARGET_LLM_GRAPHS, DRAFT_GRAPHS
+TARGET, DRAFT = (*TARGET_LLM_GRAPHS, STEP_TREE), DRAFT_GRAPHS     # step_tree: the step over a token tree
 GROUPS = {"target": TARGET, "draft": DRAFT, "vision": (VISION,), "action": (ACTION_VELOCITY,),
-          "prefill": (PREFILL,), "step": (STEP,)}
+          "prefill": (PREFILL,), "step": (STEP, STEP_TREE)}
 # action_output (the last Euler step's integration and the combine of the draws) is a handful of
 # adds: never quantized
 QUANTIZABLE = (*TARGET, *DRAFT, VISION, ACTION_VELOCITY)

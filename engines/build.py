@@ -26,7 +26,7 @@ from export.onnx import ExportConfig, export_onnx
 from models import io
 from prompt.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
 from prompt.config import ConfigError, file_sha256, to_dict
-from prompt.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, TARGET_LLM_GRAPHS
+from prompt.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, STEP_TREE, TARGET_LLM_GRAPHS
 
 BUILT, MISSING_TENSORRT = 0, 3
 INSTALL_TENSORRT = {
@@ -125,8 +125,8 @@ def quantization_plan(profile: EngineProfile) -> dict:
             plan[g] = "int8_sq" if profile.calibration.smoothquant else "int8"
         elif p == "fp8":
             plan[g] = "fp8"
-    if profile.int4_awq:
-        plan.update({g: "int4_awq" for g in TARGET_LLM_GRAPHS})
+    if profile.int4_awq:        # step_tree with step: trees verify at the step's precision
+        plan.update({g: "int4_awq" for g in (*TARGET_LLM_GRAPHS, STEP_TREE)})
     return plan
 
 
@@ -185,7 +185,9 @@ def tool_versions() -> dict:
 
 def dim_ranges(profile: EngineProfile, graph: str) -> list[dict]:
     """Optimization profiles for the graph's named dynamic axes: {axis: (min, opt, max)} each.
-    prefill: prompt rows; step graphs: verify widths 1..k_max+1, then prompt-sized feeds."""
+    prefill: prompt rows; step graphs: verify widths 1..k_max+1, then prompt-sized feeds;
+    step_tree: one profile per tree width w, covering the widths above the one before, tuned at w
+    (the runtime pads a tree's pass to w, so every pass runs at a profile's opt, a CUDA graph each)."""
     s = profile.shapes
     rows = (1, s.max_prompt, s.max_prompt)
     verify = (1, s.k_max + 1, s.k_max + 1)
@@ -193,6 +195,9 @@ def dim_ranges(profile: EngineProfile, graph: str) -> list[dict]:
     other = {"B": (1, 8, 64), "R": (1, s.max_prompt, s.max_len), "n": (1, images, images)}
     if graph in (PREFILL, DRAFT_PREFILL, IMAGE_BLOCKS):
         return [{"T": rows, **other}]
+    if graph == STEP_TREE:
+        lows = (1, *(w + 1 for w in s.tree_widths[:-1]))
+        return [{"T": (lo, w, w), **other} for lo, w in zip(lows, s.tree_widths)]
     return [{"T": verify, **other}, {"T": rows, **other}]
 
 

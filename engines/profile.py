@@ -58,13 +58,15 @@ class GraphPrecision:
 
 @dataclass
 class Shapes:
-    """What the engines are built for. max_prompt: prefill rows; k_max + 1: widest verify."""
+    """What the engines are built for. max_prompt: prefill rows; k_max + 1: widest verify;
+    tree_widths: the token-tree verify widths (step_tree: a profile and a CUDA graph per width)."""
     max_prompt: int = SHAPES.max_prompt
     max_len: int = SHAPES.max_len
     k_max: int = SHAPES.k_max
     cameras: int = SHAPES.cameras
     frames: int = SHAPES.frames
     image_hw: tuple[int, ...] = SHAPES.image_hw
+    tree_widths: tuple[int, ...] = SHAPES.tree_widths
 
     def __post_init__(self):
         check_types(self)
@@ -75,6 +77,10 @@ class Shapes:
         check_range("shapes.frames", self.frames, lo=1)
         if len(self.image_hw) != 2 or min(self.image_hw) < 1:
             raise ConfigError(f"shapes.image_hw={list(self.image_hw)!r} must be [height, width], both >= 1")
+        widths = list(self.tree_widths)
+        if widths != sorted(set(widths)) or not all(2 <= w <= self.max_prompt for w in widths):
+            raise ConfigError(f"shapes.tree_widths={widths!r}: allowed strictly increasing widths in "
+                              f"2..max_prompt ({self.max_prompt}), e.g. [9, 17, 33]")
 
     @property
     def verify_widths(self) -> tuple[int, int]:

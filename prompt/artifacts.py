@@ -483,6 +483,7 @@ class BuildShapes:
     frames: int
     image_hw: tuple
     verify_widths: tuple
+    tree_widths: tuple = ()         # step_tree's profiles (builds before token trees: none)
 
 
 @dataclass(frozen=True)
@@ -538,7 +539,8 @@ class Manifest(Card):
         f = Table.of_format(m, where, MANIFEST_FORMAT)
         s = f.table("shapes")
         shapes = BuildShapes(s("max_prompt", int), s("max_len", int), s("k_max", int), s("cameras", int),
-                             s("frames", int), tuple(s("image_hw", list)), tuple(s("verify_widths", list)))
+                             s("frames", int), tuple(s("image_hw", list)), tuple(s("verify_widths", list)),
+                             tuple(s("tree_widths", list, [])))
         engines = {}
         for g, e in f("engines", dict, {}).items():
             t = Table(e, where, f"engines.{g}.")

@@ -87,6 +87,8 @@ class EngineShapes:
     max_len: int = 1024             # cache rows: prompt + reasoning + the trajectory tail
     max_prompt: int = 448           # prefill rows an engine profile allows
     k_max: int = 8                  # the largest draft length: verify widths 1..k_max+1
+    tree_widths: tuple[int, ...] = (9, 17, 33)   # token-tree verify widths (pending + nodes): TensorRT
+                                    # builds step_tree with an optimization profile per width
     cameras: int = 4
     frames: int = 2                 # frames per camera in a cycle's prompt
     image_hw: tuple[int, int] = (64, 96)

@@ -26,6 +26,17 @@ K_MAX_LIMIT = 16
 TREE_NODES_LIMIT = 64
 
 
+def tree_shape(text: str, what: str = "tree"):
+    """A token tree "N,d,K" (nodes, depth, top-K) -> runtime.tree.TreeShape, refused naming what
+    is allowed (ConfigError): a malformed text, a depth or top-K of 0, more than TREE_NODES_LIMIT
+    nodes."""
+    from runtime.tree import TreeShape
+    shape = TreeShape.parse(text)
+    if shape.nodes > TREE_NODES_LIMIT:
+        raise ConfigError(f"{what}={text!r}: nodes={shape.nodes} is not allowed; allowed 1..{TREE_NODES_LIMIT}")
+    return shape
+
+
 @dataclass
 class SpecConfig:
     """Speculative decoding. k = 0 is plain target decoding (no draft calls)."""
@@ -54,11 +65,7 @@ class SpecConfig:
             raise ConfigError(f"spec.top_p={self.top_p!r} is out of range; allowed (0, 1]")
         check_range("spec.relax_r", self.relax_r, lo=0)
         if self.tree:
-            from runtime.tree import TreeShape
-            shape = TreeShape.parse(self.tree)
-            if shape.nodes > TREE_NODES_LIMIT:
-                raise ConfigError(f"spec.tree={self.tree!r}: nodes={shape.nodes} is not allowed; "
-                                  f"allowed 1..{TREE_NODES_LIMIT}")
+            tree_shape(self.tree, "spec.tree")
             if self.decoding != "greedy":
                 raise ConfigError(f"spec.tree={self.tree!r} needs decoding='greedy': sampling keeps "
                                   "chains (set tree: '' with decoding='sample')")

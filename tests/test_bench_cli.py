@@ -85,6 +85,9 @@ def test_self_draft_accepts_everything(preset, tmp_path):
     (["--preset", "tiny", "--random-init", "0", "--scenes", "0"], "scenes=0"),
     (["--checkpoint", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
     (["--preset", "tiny", "--random-init", "0", "--drafts", "noised:x"], "'noised:x'"),
+    (["--preset", "tiny", "--random-init", "0", "--trees", "16,8,4;8,0,2"], "depth=0 is not allowed"),
+    (["--preset", "tiny", "--random-init", "0", "--trees", "99,8,4"], "allowed 1..64"),
+    (["--preset", "tiny", "--random-init", "0", "--trees", "16,8"], "expected N,d,K"),
 ])
 def test_bad_arguments_exit_2_naming_the_value(args, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
@@ -111,3 +114,25 @@ def test_add_parser_registers_the_bench_subcommand():
     args = parser.parse_args(["bench", "--checkpoint", "ckpt", "--json", "out.json"])
     assert (args.run.__module__, args.run.__name__) == ("tools.bench", "run")
     assert (args.ks, args.repeats, args.scenes, args.threads) == ((4, 8), 3, 16, 1)
+
+
+def test_tree_modes_beside_the_chains_report_tau_speedups_identity_and_alpha_by_class(preset, tmp_path):
+    """--trees adds a fixed-tree mode and an adaptive tree-or-chain mode per shape: the reasoning
+    equals plain decoding's on both scenes, the tree steps ran, and each mode reports tau, the
+    decode and cycle speedups and alpha by token class, judged along the path the target took
+    (accepted nodes, then the best-scored child where the path stopped: the step's recorded k).
+    The target drafting for itself is accepted everywhere: alpha 1 in each class it judged."""
+    rec, _ = run_cli(["--preset", str(preset), "--random-init", "0", "--drafts", "self", "--trees", "6,3,2"], tmp_path)
+    modes = {m["name"]: m for m in rec["modes"]}
+    assert list(modes) == ["plain", "self k=2", "self adaptive", "self tree 6,3,2", "self adaptive tree 6,3,2"]
+    tree = modes["self tree 6,3,2"]
+    assert all(m["identical"]["fraction"] == 1.0 for m in modes.values())
+    assert tree["tree"] == "6,3,2" and tree["tree_steps"] > 0 and 1 <= tree["tree_nodes_mean"] <= 6
+    assert 1 <= tree["k_mean"] <= 3 and tree["tau"] > 1.5 and tree["ideal_speedup"] > 0
+    assert tree["decode_speedup"]["all"] > 0 and tree["cycle_speedup"]["p50"] > 0
+    where = rec["where_accepted"]["self tree 6,3,2"]
+    rates = {c: where["by_class"][c]["accept_rate"] for c in ("routine", "commitment")}
+    assert set(rates.values()) <= {1.0, None} and 1.0 in rates.values(), rates
+    cycles = [c for c in rec["cycles"] if c["mode"] == "self tree 6,3,2"]       # repeat 0
+    accepted = sum(c["decode"]["accepted"] for c in cycles)
+    assert sum(c["labels"].count("draft") for c in cycles) == accepted > 0

@@ -97,6 +97,25 @@ def test_modes_picks_the_modes_and_keeps_plain(preset, drives, tmp_path, capsys)
     assert "warp" in err and "spec+vision+lookup" in err, err
 
 
+def test_the_tree_mode_runs_trees_on_every_cycle_with_plain_decodings_text(preset, drives, tmp_path, capsys):  # noqa: F811
+    """spec+tree (--trees' first shape, the adaptive tree-or-chain choice): every cycle's reasoning
+    equals plain decoding's, tree steps ran, alpha by class is reported (the self draft: 1 where
+    judged); asked for without --trees it exits 2 naming the flag."""
+    out = tmp_path / "tree.json"
+    assert bench.main(args(preset, drives, out) + ["--modes", "spec,spec+tree", "--trees", "6,3,2;8,4,2"]) == 0
+    rec = json.loads(out.read_text())
+    by = {m["name"]: m for m in rec["modes"]}
+    assert list(by) == ["plain", "spec", "spec+tree"] and rec["config"]["tree"] == "6,3,2"
+    tree = by["spec+tree"]
+    assert tree["identical"]["equal"] == CYCLES and tree["errors"] == 0 and tree["tree_steps"] > 0
+    assert by["spec"]["tree_steps"] == 0 and tree["tau"] > 1.0
+    alphas = {tree["alpha_routine"], tree["alpha_commitment"]}
+    assert alphas <= {1.0, None} and 1.0 in alphas, tree
+    with pytest.raises(SystemExit) as e:
+        bench.main(args(preset, drives, tmp_path / "x.json") + ["--modes", "spec+tree"])
+    assert e.value.code == 2 and "--trees" in capsys.readouterr().err
+
+
 def test_a_mode_with_no_successful_cycle_prints_a_dash_and_says_why(preset, drives, tmp_path, capsys):  # noqa: F811
     """Every cycle's history jumps 80 m (the planner refuses it as input): the run ends, exit 0,
     the JSON is written, and the table prints "-" where a number would need a successful cycle."""

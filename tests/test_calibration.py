@@ -25,7 +25,7 @@ from runtime.planner import Planner
 from scenes.world import make_scene
 from tools import cli
 
-PLAN = {"prefill": "int8", "step": "int8"}
+PLAN = {"prefill": "int8", "step": "int8", "step_tree": "int8"}     # orin-int8's: trees at the step's precision
 
 
 @pytest.fixture(scope="module")
@@ -180,18 +180,21 @@ def test_int4_on_the_all_gemm_vision_tower_is_refused_not_faked(calibrated, tmp_
     assert not (tmp_path / "v.onnx").exists()
 
 
-def ort_planner(folder, k, adaptive=False):
+def ort_planner(folder, k, adaptive=False, tree=""):
     be, tok = open_backend(ModelSource(engines=folder, threads=1), 512)
     return Planner(be, tok, PlannerConfig(fallback="on_failure", euler_steps=2, trajectory_samples=8, max_len=512,
-                                          spec=SpecConfig(k=k, adaptive=adaptive)))
+                                          spec=SpecConfig(k=k, adaptive=adaptive, tree=tree)))
 
 
 def test_int8_graphs_speculative_equals_plain(calibrated):
-    """The loop on the INT8 graphs: speculative greedy output == plain decoding of the same graphs."""
+    """The loop on the INT8 graphs: speculative greedy output == plain decoding of the same graphs,
+    token trees too (step_tree is calibrated with step, so the backend takes trees)."""
     folder = calibrated[0]
     plain = ort_planner(folder, 0)
-    spec = [ort_planner(folder, 4), ort_planner(folder, 8), ort_planner(folder, 4, adaptive=True)]
-    assert plain.backend.meta.graphs["step"].precision == "int8"
+    spec = [ort_planner(folder, 4), ort_planner(folder, 8), ort_planner(folder, 4, adaptive=True),
+            ort_planner(folder, 8, tree="8,6,3")]
+    assert plain.backend.meta.graphs["step"].precision == plain.backend.meta.graphs["step_tree"].precision == "int8"
+    assert spec[-1].backend.takes_trees
     for i in range(6):
         s = make_scene(200 + i, split="test")
         ref = plain.plan(s.images, s.history)
@@ -200,6 +203,7 @@ def test_int8_graphs_speculative_equals_plain(calibrated):
             r = p.plan(s.images, s.history)
             assert r.reasoning_ids == ref.reasoning_ids, (i, p.cfg.spec)
             assert np.array_equal(r.trajectory, ref.trajectory), (i, p.cfg.spec)
+            assert r.decode["trees"] > 0 or not p.cfg.spec.tree, i
 
 
 def test_int8_step_is_quantized_yet_close(calibrated):
@@ -287,13 +291,13 @@ def test_engines_build_calibrates(tiny_onnx, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(eb, "find_tensorrt", lambda: (None, None))
     prof = tmp_path / "tiny-int8.yaml"
     prof.write_text("device: test\ntarget_sm: 87\ntensorrt_min: '8.6'\ntensorrt_below: '11'\nplanner: cpu\n"
-                    "precision: {prefill: int8, step: int8}\n"
+                    "precision: {prefill: int8, step: int8, step_tree: int8}\n"
                     "shapes: {max_prompt: 300, max_len: 512, k_max: 8}\n"
                     "calibration: {prompts: 4, report_scenes: 2}\n")
     out = tmp_path / "out"
     assert cli.main(["engines", "build", "--profile", str(prof), "--out", str(out)]) == 3
     text = capsys.readouterr().out
-    assert "[2/3] calibrate: prefill int8, step int8 from 4 train scenes" in text
+    assert "[2/3] calibrate: prefill int8, step int8, step_tree int8 from 4 train scenes" in text
     m = read_manifest(out)
     assert m.calibration["status"] == "done" and m.steps["calibrate"] == "done"
     assert m.calibration["graphs"] == PLAN

@@ -28,9 +28,9 @@ def test_shipped_profiles_load():
         p = load_profile(name)
         assert p.name == name and p.shapes.verify_widths == (1, p.shapes.k_max + 1)
         eb.check_planner(p, load_planner_config(p.planner))   # shapes agree with the planner profile
-    assert load_profile("orin-int8").quantized == ["prefill", "step"]
+    assert load_profile("orin-int8").quantized == ["prefill", "step", "step_tree"]     # trees at the step's precision
     assert load_profile("orin-fp16").quantized == []
-    assert load_profile("thor-fp8").precision.graphs("fp8") == ["prefill", "step"]
+    assert load_profile("thor-fp8").precision.graphs("fp8") == ["prefill", "step", "step_tree"]
 
 
 def test_fp8_on_orin_is_refused_with_the_reason():
@@ -50,9 +50,9 @@ def test_unknown_profile_lists_the_known_ones():
 def test_quantization_plan_options():
     base = load_profile("orin-int8")
     sq = dataclasses.replace(base, calibration=dataclasses.replace(base.calibration, smoothquant=True))
-    assert eb.quantization_plan(sq) == {"prefill": "int8_sq", "step": "int8_sq"}
+    assert eb.quantization_plan(sq) == {"prefill": "int8_sq", "step": "int8_sq", "step_tree": "int8_sq"}
     awq = dataclasses.replace(base, int4_awq=True, tensorrt_min="10.0")
-    assert eb.quantization_plan(awq) == {"prefill": "int4_awq", "step": "int4_awq"}
+    assert eb.quantization_plan(awq) == {"prefill": "int4_awq", "step": "int4_awq", "step_tree": "int4_awq"}
     assert base.calibration.method_for("int8") == "max" and base.calibration.method_for("fp8") is None
 
 
@@ -126,8 +126,8 @@ def test_build_without_tensorrt_writes_the_manifest_and_exits_3(tmp_path, no_ten
     assert m.tools["onnx"] and m.tools["tensorrt"] is None
     assert m.calibration == {"status": "not needed" if name == "orin-fp16" else "done",
                                 "graphs": eb.quantization_plan(prof)}
-    assert eb.quantization_plan(prof) == {"orin-fp16": {}, "orin-int8": {"prefill": "int8", "step": "int8"},
-                                          "thor-fp8": {"prefill": "fp8", "step": "fp8"}}[name]
+    assert eb.quantization_plan(prof) == {"orin-fp16": {}, "orin-int8": {"prefill": "int8", "step": "int8", "step_tree": "int8"},
+                                          "thor-fp8": {"prefill": "fp8", "step": "fp8", "step_tree": "fp8"}}[name]
 
 
 def test_refused_profiles_exit_2(tmp_path, no_tensorrt, capsys):

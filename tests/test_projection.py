@@ -164,3 +164,87 @@ def test_streaming_prefill_prices_the_new_blocks_and_the_rows_outside_the_images
         per_row * (4 * L + T - 16 * L), rel=1e-6), rows
     with pytest.raises(ConfigError, match="streamed_images"):
         Workload(images=8, streamed_images=9)
+
+
+# --- token trees: verify widths, the tree's draft, the reasoning stage against the chain -------------
+def _edge_2b(device: str, **changes):
+    devices = load_devices()
+    wl = devices.workloads["edge-2b"]
+    w = Workload(**{**wl, "image_hw": tuple(wl["image_hw"])}, precision="int8", k=8, tau=4.0)
+    return load_preset("edge-2b"), devices.devices[device], dataclasses.replace(w, **changes)
+
+
+@pytest.mark.parametrize("device", ["orin-agx-64", "thor"])
+def test_a_verify_costs_more_with_its_width_but_nearly_nothing_where_memory_bound(device):
+    """edge-2b INT8 on Orin and Thor: verify ms never falls as the width grows (1..65), and a
+    verify of 33 rows costs under 5 % more than one row (each weight is read once per pass);
+    on a compute-starved device the same widths cost several times more."""
+    from bench.common.projection import project_trees
+    from runtime.tree import TreeShape
+
+    cfg, dev, w = _edge_2b(device)
+    trees = [(TreeShape(n, min(n, 8), 4), None) for n in range(1, 65)]
+    verify = project_trees(cfg, dev, w, trees)["verify_ms"]
+    ms = [verify[width] for width in sorted(verify)]
+    assert list(verify) == list(range(1, 66)) and ms == sorted(ms)
+    assert verify[33] / verify[1] < 1.05, (verify[1], verify[33])
+    slow = dataclasses.replace(dev, fp16_tflops=0.5, int8_tops=1.0)
+    starved = project_trees(cfg, slow, w, trees[31:32])["verify_ms"]     # 32 nodes: width 33
+    assert starved[33] / starved[1] > 3
+
+
+def test_a_tree_is_priced_as_depth_draft_calls_and_one_verify_of_its_width():
+    """A tree's draft is d calls: the root's feed, then d - 1 calls of the K best candidates (K rows
+    each: with top-K 1 exactly the k = d chain's draft, and in the memory-bound regime K rows cost
+    under 2 % more); its step adds one verify of 1 + nodes and the path's row moves; the reasoning
+    stage is ceil(N / tau) steps. A chain written as a tree (top-K 1) at the chain's tau prices
+    within 1 % of the chain; at the tau it says it needs, a tree is exactly the goal below."""
+    from bench.common.projection import project_trees, stage_costs, tree_step_costs
+    from runtime.tree import TreeShape
+
+    cfg, dev, w = _edge_2b("orin-agx-64")
+    chain_draft = stage_costs(cfg, w, dev.impl)["draft_step"].ms(dev, "int8") * 8
+    draft = {K: tree_step_costs(cfg, w, dev.impl, TreeShape(16, 8, K), 5.0)["draft"].ms(dev, "int8") for K in (1, 4)}
+    assert draft[1] == pytest.approx(chain_draft) and 1 < draft[4] / draft[1] < 1.02
+    out = project_trees(cfg, dev, w, [(TreeShape(8, 8, 1), 4.0), (TreeShape(16, 8, 4), 5.0), (TreeShape(32, 8, 8), None)])
+    as_chain, t16, t32 = out["trees"]
+    assert out["chain"]["reasoning_ms"] == pytest.approx(project(cfg, dev, w)["speculative"]["reasoning_ms"])
+    assert 0 < -as_chain["below_chain"] < 0.01
+    assert t16["width"] == 17 and t16["verify_ms"] == pytest.approx(out["verify_ms"][17])
+    assert t16["reasoning_ms"] == pytest.approx(8 * t16["step_ms"])          # ceil(40 / 5) steps
+    assert t16["below_chain"] == pytest.approx(1 - t16["reasoning_ms"] / out["chain"]["reasoning_ms"])
+    assert t32["reasoning_ms"] is None and out["best"] == "16,8,4" and out["met"] == (t16["below_chain"] >= 0.15)
+    at_need = t16["step_ms"] * 40 / t16["tau_needed"]
+    assert at_need == pytest.approx(0.85 * out["chain"]["reasoning_ms"])
+    with pytest.raises(ConfigError, match="tau"):
+        project_trees(cfg, dev, w, [(TreeShape(16, 4, 4), 5.5)])           # a depth-4 tree gives at most 5
+
+
+def test_the_roofline_command_takes_tree_taus_from_a_bench_record(tmp_path, capsys):
+    """--bench: the trees the record ran and their tau, the k = 8 chain's tau of the same draft;
+    --tree-tau must give one tau per tree; a bad --trees exits 2 naming what is allowed."""
+    import json
+
+    from bench.roofline.command import RooflineRun, tree_taus
+    from tools.cli import main
+
+    rec = {"modes": [{"name": "plain", "draft": "none", "k": 0, "tau": 1.0},
+                     {"name": "flat k=8", "draft": "flat", "k": 8, "tau": 4.2},
+                     {"name": "flat tree 16,8,4", "draft": "flat", "k": 8, "tau": 5.1, "tree": "16,8,4"},
+                     {"name": "flat adaptive tree 16,8,4", "draft": "flat", "k": "adaptive", "tau": 4.9,
+                      "tree": "16,8,4"}]}
+    (tmp_path / "b.json").write_text(json.dumps(rec))
+    trees, chain = tree_taus(RooflineRun(bench=tmp_path / "b.json"), 8)
+    assert [(str(t), tau) for t, tau in trees] == [("16,8,4", 5.1)] and chain == 4.2
+    trees, chain = tree_taus(RooflineRun(bench=tmp_path / "b.json", trees=("32,8,8",)), 4)
+    assert [(str(t), tau) for t, tau in trees] == [("32,8,8", None)] and chain is None
+    with pytest.raises(ConfigError, match="2 values for 1 --trees"):
+        tree_taus(RooflineRun(trees=("16,8,4",), tree_tau=(4.0, 5.0)), 8)
+    out = tmp_path / "r.json"
+    assert main(["roofline", "--preset", "edge-2b", "--device", "orin-agx-64", "--k", "8",
+                 "--bench", str(tmp_path / "b.json"), "--json", str(out)]) == 0
+    t = json.loads(out.read_text())["token_trees"]
+    assert t["chain"]["tau"] == 4.2 and t["trees"][0]["tau"] == 5.1 and "best tree 16,8,4" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["roofline", "--preset", "edge-2b", "--trees", "16,0,4"])
+    assert e.value.code == 2 and "depth=0 is not allowed" in capsys.readouterr().err

@@ -83,8 +83,8 @@ def test_speculative_equals_plain_and_the_onnxruntime_backend(engines, doubles):
     for b in ("all_accepted", "partial", "first_rejected", "stop_in_block", "max_length"):
         assert branches[b] > 0, (b, dict(branches))
     trt, cuda = doubles
-    # 7 backends, each capturing its 9 verify widths up front, none later
-    assert cuda.log["graph_launch"] > 0 and cuda.log["graph_instantiate"] <= 7 * 9
+    # 7 backends, each capturing its 9 verify widths and 3 tree widths up front, none later
+    assert cuda.log["graph_launch"] > 0 and cuda.log["graph_instantiate"] <= 7 * (9 + 3)
 
 
 def test_the_kv_cache_element_size_is_the_engines_kv_dtype(engines, tmp_path, doubles):
@@ -410,3 +410,61 @@ def test_the_same_seed_gives_the_same_waypoints_on_every_backend(engines, double
             worst = max(worst, diff)
             assert diff < 2e-3, (name, i, diff)
     print(f"largest waypoint difference across backends: {worst:.2e} m")
+
+
+# --- token trees: the step_tree engine, a profile and a CUDA graph per tree width ---------------------
+
+def test_greedy_trees_equal_plain_decoding_a_profile_and_a_graph_per_tree_width(engines, doubles):
+    """step_tree is built with an optimization profile per tree width (9, 17, 33: the widths above
+    the one before, tuned at the width); each width's CUDA graph is captured when the backend is
+    made and a tree's pass is padded to a captured width. Greedy trees of three shapes (passes of
+    at most 9, 17 and 25 rows) give plain decoding's reasoning token for token on 4 test scenes,
+    the accepted paths' rows moved on the device, and nothing is captured inside a cycle."""
+    trt, cuda = doubles
+    plain = planner(engines, spec=SpecConfig(k=0, adaptive=False))[0]
+    shapes = ("8,6,3", "16,8,4", "24,8,4")
+    trees = {t: planner(engines, spec=SpecConfig(k=8, adaptive=False, tree=t)) for t in shapes}
+    be = trees["16,8,4"][1]
+    ranges = [r["ids"] for r in be.engines["step_tree"].ranges]
+    assert ranges == [[(1, 1), (1, 9), (1, 9)], [(1, 10), (1, 17), (1, 17)], [(1, 18), (1, 33), (1, 33)]]
+    assert be.takes_trees and be.tree_width == 33 and set(be.tree_graphs.execs) == {9, 17, 33}
+    captured, launches = cuda.log["graph_instantiate"], cuda.log["graph_launch"]
+    moves = Counter()
+    original = type(be).keep_rows
+
+    def counting(self, start, rows, *rest):
+        moves[self is be] += list(rows) != list(range(start, start + len(rows)))
+        original(self, start, rows, *rest)
+    type(be).keep_rows = counting
+    try:
+        for i in range(4):
+            s = make_scene(100 + i, split="test")
+            ref = plain.plan(s.images, s.history)
+            for t, (p, _) in trees.items():
+                r = p.plan(s.images, s.history)
+                assert r.reasoning_ids == ref.reasoning_ids, (i, t)
+                assert r.decode["trees"] == r.decode["steps"] and r.decode["tau"] > 1.5, (i, t, r.decode)
+    finally:
+        type(be).keep_rows = original
+    assert cuda.log["graph_instantiate"] == captured, "a graph was captured inside a cycle"
+    assert cuda.log["graph_launch"] > launches and sum(moves.values()) > 0, moves
+
+
+def test_a_tree_wider_than_the_built_widths_is_refused_naming_them(engines, doubles, tmp_path, capsys):
+    """A tree whose pass is wider than step_tree's widest profile (33) exits 2 naming the allowed
+    nodes (`specdrive plan` with a profile asking for it); a build without step_tree takes no trees."""
+    from tools.cli import main
+
+    profile = tmp_path / "wide.yaml"
+    profile.write_text((ROOT / "configs" / "planner" / "cpu.yaml").read_text().replace(
+        "spec:\n", "spec:\n  tree: '40,8,4'\n", 1))
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--engines", str(engines), "--backend", "tensorrt", "--profile", str(profile), "--scenes", "1",
+              "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "wider than this backend takes (33); allowed nodes <= 32" in err, err
+    _, be = planner(engines, spec=SpecConfig(k=8, adaptive=False, tree="32,8,8"))
+    del be.engines["step_tree"]
+    from runtime.cycle import check_trees
+    with pytest.raises(ConfigError, match="cannot verify token trees"):
+        check_trees(be, PlannerConfig(spec=SpecConfig(tree="8,6,3")))

@@ -7,8 +7,10 @@ import dataclasses
 import math
 from pathlib import Path
 
+from prompt.config import ConfigError
 from runtime.artifacts import ModelSource
 from runtime.backend import BACKENDS
+from runtime.config import tree_shape
 
 
 def count(lo: int = 0, hi: int | None = None):
@@ -78,6 +80,14 @@ def int_list(lo: int | None = None, hi: int | None = None):
             raise argparse.ArgumentTypeError(f"{bad[0]} in {text!r} is out of range; allowed {lo}..{hi}")
         return out
     return parse
+
+
+def tree_list(text: str) -> tuple[str, ...]:
+    """Token trees N,d,K (nodes, depth, top-K) separated by ';' ("16,8,4;32,8,8"), each one spec.tree allows."""
+    try:
+        return tuple(str(tree_shape(t.strip())) for t in text.split(";"))
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_source_args(p: argparse.ArgumentParser, checkpoint_help: str = "checkpoint folder (meta.json kind "

@@ -1,9 +1,8 @@
 """`specdrive bench`: speculative vs plain decoding in one process, on the same scenes.
 
     specdrive bench (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
-                    [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive]
-                    [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T]
-                    --json OUT [--plot PNG] [--accept-plot PNG]
+                    [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive] [--trees "16,8,4;32,8,8"]
+                    [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T] --json OUT [--plot PNG] [--accept-plot PNG]
     specdrive bench ... --drives DIR [--drive-count N] [--cycles C] [--modes M,..] --json OUT
 
 What it measures and writes: bench/speedup/ (snapshots) and bench/whole_drives/ (--drives), the
@@ -23,7 +22,7 @@ from bench.whole_drives.command import DrivesRun
 from bench.whole_drives.measure import DriveBenchConfig
 from prompt.config import ConfigError
 from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
-from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, model_source, out_file
+from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, model_source, out_file, tree_list
 
 
 def add_parser(subparsers) -> None:
@@ -42,6 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
     p.add_argument("--ks", type=int_list(), default=(4, 8), help="fixed draft lengths, comma separated (default 4,8)")
     p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-k modes")
+    p.add_argument("--trees", type=tree_list, default=(), help="token trees N,d,K ';'-separated (\"16,8,4;32,8,8\"): tree modes")
     p.add_argument("--scenes", type=int, default=16, help="synthetic scenes (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first scene")
     p.add_argument("--split", default="test", help="split of the synthetic scenes")
@@ -65,7 +65,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "drives: 3 s of a drive can end before its event)")
     p.add_argument("--expect-drives-fingerprint", metavar="SHA256", help="the --drives folder's pinned fingerprint")
     p.add_argument("--modes", help="comma list of drive modes to run besides plain (--drives; default all: "
-                   "plain+vision, spec, spec+vision, spec+vision+lookup)")
+                   "plain+vision, spec, spec+vision, spec+vision+lookup; spec+tree with --trees)")
     p.set_defaults(run=run)
 
 
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def speedup_run(args: argparse.Namespace) -> BenchRun:
-    measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, repeats=args.repeats,
-                          warmup=args.warmup, ks=args.ks, adaptive=not args.no_adaptive, budget_ms=args.budget_ms,
+    measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, repeats=args.repeats, warmup=args.warmup,
+                          ks=args.ks, adaptive=not args.no_adaptive, trees=args.trees, budget_ms=args.budget_ms,
                           max_reasoning_tokens=args.max_reasoning, picture_scene=args.picture_scene)
     return BenchRun(source=model_source(args), measure=measure, json=args.json, drafts=args.drafts,
                     profile=args.profile, deadline_ms=args.deadline_ms, threads=args.threads, plot=args.plot,
@@ -88,7 +88,7 @@ def speedup_run(args: argparse.Namespace) -> BenchRun:
 def drives_run(args: argparse.Namespace) -> DrivesRun:
     measure = DriveBenchConfig(drives=args.drive_count, cycles=args.cycles or None, split=args.split,
                                warmup=args.warmup, k=args.ks[0] if args.no_adaptive and args.ks else None,
-                               max_reasoning_tokens=args.max_reasoning,
+                               max_reasoning_tokens=args.max_reasoning, tree=args.trees[0] if args.trees else None,
                                modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None)
     return DrivesRun(source=model_source(args), drives_dir=args.drives, measure=measure, json=args.json,
                      drafts=args.drafts, profile=args.profile, threads=args.threads, command=command_line(args),

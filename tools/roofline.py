@@ -3,6 +3,7 @@
     specdrive roofline --preset alpamayo-r1-10b|edge-2b|tiny --device orin-agx-64|thor|...|cpu
                        [--precision int8] [--k 4 --tau 3.0] [--profile orin] [--budget-ms 100]
                        [--memory] [--validate PROFILE.json] [--json OUT]
+                       [--trees "16,8,4;32,8,8" (--tree-tau 4.6 5.0 | --bench BENCH.json)]
 
 What it measures and writes: bench/roofline/ (the library this command calls with a RooflineRun).
 """
@@ -12,7 +13,7 @@ import argparse
 
 from bench.common.projection import PRECISIONS
 from bench.roofline import command as roofline
-from tools.argtypes import config_of, count, finite_ms, input_file, out_file
+from tools.argtypes import config_of, count, finite_ms, input_file, out_file, tree_list
 
 
 def add_parser(subparsers) -> None:
@@ -39,6 +40,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--memory", action="store_true", help="add the memory report")
     p.add_argument("--validate", type=input_file, help="a `specdrive profile` stats.json: measured / projected")
     p.add_argument("--json", type=out_file, help="write the result here")
+    p.add_argument("--trees", type=tree_list, default=(), help="token trees N,d,K ';'-separated (\"16,8,4;32,8,8\"): "
+                   "each priced against the chain (--k, --tau)")
+    p.add_argument("--tree-tau", type=float, nargs="+", default=(), help="each tree's tau, in order (assumed)")
+    p.add_argument("--bench", type=input_file, help="a `specdrive bench --trees` record: the trees' tau and the "
+                   "--k chain's, measured")
     p.set_defaults(run=run)
 
 

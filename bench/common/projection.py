@@ -20,6 +20,15 @@ the CPU validation shows what that leaves out). Batch 1, one cycle:
                 those cost no draft step (lookup_share)
     trajectory  the target rewrites the N reasoning rows, then `euler_steps` expert forwards over
                 samples x 64 action tokens reading the target's cache (shared by the draws)
+    tree step   a token tree (runtime/tree.py) of N nodes, depth d, top-K, drafted EAGLE-2 style
+                as the torch backend drafts it (whose tau `specdrive bench --trees` measures): a
+                feed of the root, then d - 1 calls of the K best candidates of a depth (K rows
+                under a tree mask, top-K on the device); one verify of w = 1 + N (the tree mask
+                costs what a causal one does: a dense kernel computes every score); then the
+                accepted path's K/V rows moved where a chain has them (tau - 1 rows of every
+                layer, read and written): `tree_step_costs`. The graph backends' draft graphs take
+                no tree mask: they feed one node per depth (the same d calls, of one row each, and
+                a logits row back to the host per call), so their trees are narrower
 
 How a backend runs them (`Impl`): the torch reference attends over all max_len cache rows and
 computes logits for every row; an engine attends over the valid rows and reads the logits of the
@@ -335,6 +344,50 @@ def stage_costs(cfg: ModelConfig, w: Workload, impl: str) -> dict:
             DRAFT_FEED: feed, DRAFT_CHAIN: chain, "draft_step": step,
             "verify": {width: s.target(width, ctx, w.max_len, width) for width in {1, w.k + 1}},
             "trajectory": traj}
+
+
+def tree_step_costs(cfg: ModelConfig, w: Workload, impl: str, shape, tau: float) -> dict:
+    """{draft, verify, moves} Cost of one token-tree step of `shape` (runtime.tree.TreeShape) that
+    emits `tau` tokens (module docstring); the valid rows are the reasoning's mean, as a chain's."""
+    s = Shapes(cfg, w.precision, impl)
+    T = w.prompt_len or prompt_tokens(cfg, w.images, w.image_hw)
+    ctx, llm, K = T + w.reasoning_tokens / 2, cfg.target.llm, shape.topk
+    draft = s.draft(1, ctx, w.max_len, 1)
+    draft.extend(s.draft(K, ctx, w.max_len, K, fc=False), shape.depth - 1)
+    moves = Cost()
+    moves.add("row_moves", 0, 2 * (tau - 1) * llm.layers * 2 * llm.kv_heads * llm.head_dim * s.kv)
+    width = 1 + shape.nodes
+    return {"draft": draft, "verify": s.target(width, ctx, w.max_len, width), "moves": moves}
+
+
+def project_trees(cfg: ModelConfig, dev: Device, w: Workload, trees, goal: float = 0.15) -> dict:
+    """Token trees against the chain of `w` (k, tau): [(TreeShape, tau or None)] -> the verify ms
+    of every width, and per tree its step's ms; with its tau, its reasoning stage (ceil(N / tau)
+    steps) and how far below the chain's it is; always the tau it would need to be `goal` below
+    (`tau_needed`, with N / tau steps unrounded)."""
+    chain = project(cfg, dev, w)["speculative"]["reasoning_ms"]
+    N, widths = w.reasoning_tokens, sorted({1, w.k + 1, *(1 + t.nodes for t, _ in trees)})
+    s = Shapes(cfg, w.precision, dev.impl)
+    ctx = (w.prompt_len or prompt_tokens(cfg, w.images, w.image_hw)) + N / 2
+    verify = {wd: s.target(wd, ctx, w.max_len, wd).ms(dev, w.precision) for wd in widths}
+    rows = []
+    for shape, tau in trees:
+        if tau is not None:
+            check_range(f"tree {shape} tau", tau, lo=1.0, hi=shape.depth + 1.0)
+        ms = {k: c.ms(dev, w.precision) for k, c in tree_step_costs(cfg, w, dev.impl, shape, tau or 1.0).items()}
+        step = sum(ms.values())
+        row = {"tree": str(shape), "width": 1 + shape.nodes, **{f"{k}_ms": v for k, v in ms.items()},
+               "step_ms": step, "tau": tau, "reasoning_ms": None, "below_chain": None,
+               "tau_needed": N * step / ((1 - goal) * chain) if chain else None}
+        if tau is not None:
+            row["reasoning_ms"] = math.ceil(N / tau) * step
+            row["below_chain"] = 1 - row["reasoning_ms"] / chain if chain else None
+        rows.append(row)
+    priced = [r for r in rows if r["reasoning_ms"] is not None]
+    best = min(priced, key=lambda r: r["reasoning_ms"]) if priced else None
+    return {"verify_ms": verify, "chain": {"k": w.k, "tau": w.tau, "reasoning_ms": chain}, "trees": rows,
+            "best": best and best["tree"], "goal": goal,
+            "met": None if best is None else bool(best["below_chain"] is not None and best["below_chain"] >= goal)}
 
 
 def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:

@@ -10,7 +10,9 @@ Notation for one speculative mode (all times measured in the same run, on the sa
 
 A step of draft length k costs k*c + v(k+1) target steps, so with no loop overhead
     ideal speedup = tau / mean_steps(k_i*c + v(k_i + 1))         = tau / (1 + k*c) when v == 1
-and efficiency = measured decode-phase speedup / ideal. The measured speedup factors as
+and efficiency = measured decode-phase speedup / ideal. A token-tree step (runtime/tree.py) is
+priced as its d draft calls (one per depth: k = d) and one verify of its width w = 1 + nodes, so
+its ideal is tau / mean(d*c + v(w)) and its acceptance factor tau / (d+1). The measured speedup factors as
     speedup = (k+1) * A * V * D * E
     A = tau / (k+1)               acceptance (1 when every draft token is accepted)
     V = 1 / v                     verify-width cost
@@ -43,12 +45,15 @@ def latency(values_ms) -> dict:
             "max": round(float(xs.max()), 3), "mean": round(float(xs.mean()), 3)}
 
 
-def ideal_speedup(tau: float, ks, c: float, verify_ratio) -> float:
-    """tau / mean_i(k_i*c + v(k_i+1)); ks: draft length per step, verify_ratio(width) -> v."""
+def ideal_speedup(tau: float, ks, c: float, verify_ratio, widths=None) -> float:
+    """tau / mean_i(k_i*c + v(w_i)); ks: draft calls per step, verify_ratio(width) -> v, widths:
+    each step's verify width (default k_i + 1: a chain after one pending token; a token tree's
+    pass is pending + nodes wide, its k_i its depth)."""
     ks = list(ks)
     if not ks:
         return 0.0
-    cost = float(np.mean([k * c + verify_ratio(k + 1) for k in ks]))
+    widths = [k + 1 for k in ks] if widths is None else list(widths)
+    cost = float(np.mean([k * c + verify_ratio(w) for k, w in zip(ks, widths)]))
     return tau / cost
 
 

@@ -4,7 +4,10 @@ Prints per-stage projected ms for plain and speculative decoding, whether the cy
 budget (and whether the budget's premise, vision + prefill + trajectory + margin, holds), and
 the remedies that would make it fit. `--device cpu` measures this CPU's peaks first
 (bench/roofline/microbench.py); `--validate` compares the projection with a `specdrive profile` run's
-measured calls (ratio per stage). `--memory` adds the memory report.
+measured calls (ratio per stage). `--memory` adds the memory report. `--trees` prices token
+trees against the chain (k, tau): the verify of each width, each tree's draft and step, and
+with a tree's tau (`--tree-tau`, or measured: a `specdrive bench` record, `--bench`) the reasoning
+stage against the chain's; the best tree is reported against TREE_GOAL (issue 36).
 """
 from __future__ import annotations
 
@@ -16,9 +19,12 @@ from pathlib import Path
 
 from prompt.config import ConfigError, read_json
 from bench.common.devices import load_devices
-from bench.common.projection import Device, Workload, drive_cycle, memory_report, project, remedies, stage_costs
+from bench.common.projection import (Device, Workload, drive_cycle, memory_report, project, project_trees, remedies,
+                                     stage_costs)
+from runtime.config import tree_shape
 
 SMALLER = {"alpamayo-r1-10b": "edge-2b"}     # the remedy "a smaller preset"
+TREE_GOAL = 0.15                # issue 36: the reasoning stage with the best tree >= 15 % below the chain's
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class RooflineRun:
     memory: bool = False
     validate: Path | None = None    # a `specdrive profile` stats.json
     json: Path | None = None
+    trees: tuple = ()               # token trees "N,d,K" priced against the chain (k, tau)
+    tree_tau: tuple = ()            # each tree's tau, in order (else from `bench`, else its cost only)
+    bench: Path | None = None       # a `specdrive bench` record: its tree modes' tau, its k chain's tau
 
 
 def with_draft_vocab(cfg, n: int):
@@ -94,9 +103,17 @@ def run(q: RooflineRun) -> int:
     pcfg = load_planner_config(q.profile or default_profile(q.device))
     w = workload(q, cfg, pcfg, dict(load_devices().workloads.get(q.preset, {})))
     smaller = (SMALLER[q.preset], load_preset(SMALLER[q.preset])) if q.preset in SMALLER else None
+    trees, chain_tau = tree_taus(q, w.k)
+    if chain_tau is not None:
+        w = dataclasses.replace(w, tau=chain_tau)
     result = roofline(cfg, dev, w, len(pcfg.cameras), smaller, q.lookup_share)
     result.update(preset=q.preset, device=q.device, peaks=peaks)
     print(format_result(result))
+    if trees:
+        result["token_trees"] = {**project_trees(cfg, dev, w, trees, TREE_GOAL),
+                                 "tau_from": {"trees": "--tree-tau" if q.tree_tau else str(q.bench or "-"),
+                                              "chain": "--tau" if chain_tau is None else str(q.bench)}}
+        print(format_trees(result["token_trees"]))
     if q.memory:
         result["memory"] = memory_report(cfg, w.precision, [result["prompt_len"]], w.max_len,
                                          list(range(1, pcfg.spec.k_max + 2)), w.samples)
@@ -126,6 +143,30 @@ def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None 
         res["remedies"], best = remedies(cfg, dev, w, cameras, smaller)
         res["with_remedies"] = {**project(cfg, dev, best), "workload": dataclasses.asdict(best)}
     return res
+
+
+def tree_taus(q: RooflineRun, k: int) -> tuple[list, float | None]:
+    """-> ([(TreeShape, tau or None)], the chain's tau or None: --tau). A tree's tau is its
+    --tree-tau, else, with --bench, the tau of the record's fixed-tree mode of that shape (the
+    trees default to those it ran), whose draft's k={k} chain then gives the chain's tau."""
+    if q.tree_tau and len(q.tree_tau) != len(q.trees):
+        raise ConfigError(f"--tree-tau gives {len(q.tree_tau)} values for {len(q.trees)} --trees; give one per tree")
+    measured, chain = {}, None
+    if q.bench:
+        rec = read_json(q.bench, "--bench record")
+        modes = rec.get("modes") if isinstance(rec, dict) else None
+        if not isinstance(modes, list) or not all(isinstance(m, dict) and "tau" in m for m in modes):
+            raise ConfigError(f"--bench {str(q.bench)!r}: not a `specdrive bench` record (needs 'modes' with 'tau')")
+        fixed = [m for m in modes if m.get("tree") and m.get("k") != "adaptive"]
+        if not fixed:
+            raise ConfigError(f"--bench {str(q.bench)!r} ran no tree mode; run `specdrive bench --trees N,d,K`")
+        draft = fixed[0]["draft"]
+        measured = {m["tree"]: m["tau"] for m in fixed if m["draft"] == draft}
+        chain = next((m["tau"] for m in modes if m.get("draft") == draft and m.get("k") == k and not m.get("tree")),
+                     None)
+    names = q.trees or tuple(measured)
+    taus = q.tree_tau or tuple(measured.get(str(tree_shape(t))) for t in names)
+    return [(tree_shape(t, "--trees"), tau) for t, tau in zip(names, taus)], chain
 
 
 def read_stats(path) -> dict:
@@ -210,6 +251,28 @@ def format_result(r: dict) -> str:
                      f"speculative cycle {b['speculative']['cycle_ms']:.1f} ms; premise "
                      f"{'holds' if b['premise_ok'] else 'broken'}; reasoning tokens within the budget: "
                      f"plain {b['tokens_in_budget']['plain']}, speculative {b['tokens_in_budget']['speculative']}")
+    return "\n".join(lines)
+
+
+def format_trees(t: dict) -> str:
+    c = t["chain"]
+    lines = ["token trees (EAGLE-2 drafting: d calls, K candidates a call after the root; one verify "
+             f"of width 1 + nodes; the accepted rows moved); the trees' tau from {t['tau_from']['trees']}, the "
+             f"chain's from {t['tau_from']['chain']}",
+             "verify ms by width: " + ", ".join(f"{w} {ms:.2f}" for w, ms in t["verify_ms"].items()),
+             f"| tree | width | draft ms | verify ms | step ms | tau | reasoning ms | below the chain k={c['k']} "
+             f"(tau {c['tau']:.2f}, {c['reasoning_ms']:.1f} ms) | tau for {t['goal']:.0%} below |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in t["trees"]:
+        tau, reason, below = (("-", "-", "-") if r["tau"] is None else
+                              (f"{r['tau']:.2f}", f"{r['reasoning_ms']:.1f}", f"{r['below_chain']:.1%}"))
+        lines.append(f"| {r['tree']} | {r['width']} | {r['draft_ms']:.2f} | {r['verify_ms']:.2f} | {r['step_ms']:.2f} "
+                     f"| {tau} | {reason} | {below} | {r['tau_needed']:.2f} |")
+    if t["best"]:
+        best = next(r for r in t["trees"] if r["tree"] == t["best"])
+        lines.append(f"best tree {best['tree']}: reasoning {best['reasoning_ms']:.1f} ms, {best['below_chain']:.1%} "
+                     f"below the chain's {c['reasoning_ms']:.1f} ms (goal >= {t['goal']:.0%}: "
+                     f"{'met' if t['met'] else 'NOT met'})")
     return "\n".join(lines)
 
 

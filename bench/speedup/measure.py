@@ -11,6 +11,7 @@ longer than `deadline_ms` are counted as misses.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import platform
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from prompt.config import ConfigError, check_range
 from runtime.budget import wall_ms
-from runtime.config import K_MAX_LIMIT, PlannerConfig, with_overrides
+from runtime.config import K_MAX_LIMIT, PlannerConfig, tree_shape, with_overrides
 from runtime.planner import Planner
 from bench.common import accept_map
 from bench.common.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
@@ -33,7 +34,9 @@ SCHEMA = "specdrive-bench/1"
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to measure. ks: fixed draft lengths; adaptive: also the adaptive-k policy."""
+    """What to measure. ks: fixed draft lengths; adaptive: also the adaptive-k policy; trees:
+    token-tree shapes "N,d,K" (runtime/tree.py), each a fixed-tree mode (and, with adaptive, the
+    adaptive choice between that tree and the best chain)."""
     scenes: int = 16
     seed: int = 0
     split: str = "test"
@@ -41,6 +44,7 @@ class BenchConfig:
     warmup: int = 1
     ks: tuple = (4, 8)
     adaptive: bool = True
+    trees: tuple = ()
     budget_ms: float = 0.0        # the planner's budget in the timed cycles (0 = off)
     deadline_ms: float = 1000.0   # a cycle longer than this counts as a deadline miss
     max_reasoning_tokens: int | None = None
@@ -55,6 +59,8 @@ class BenchConfig:
             raise ConfigError("no speculative mode: give at least one k (--ks) or keep adaptive k")
         for k in self.ks:
             check_range("ks", k, lo=1, hi=K_MAX_LIMIT)
+        for t in self.trees:
+            tree_shape(t, "trees")
         check_range("budget_ms", self.budget_ms, lo=0.0)
         check_range("deadline_ms", self.deadline_ms, lo=0.0)
         check_range("picture_scene", self.picture_scene, lo=0, hi=self.scenes - 1)
@@ -62,12 +68,13 @@ class BenchConfig:
 
 @dataclass
 class Mode:
-    name: str            # "plain", "flat k=4", "flat adaptive"
+    name: str            # "plain", "flat k=4", "flat adaptive", "flat tree 16,8,4"
     draft: str           # draft label ("none" for plain decoding)
-    k: int               # 0 = plain decoding
+    k: int               # 0 = plain decoding; a fixed tree: its depth (the chain it falls back to)
     adaptive: bool
     backend: object                                    # runtime.backend.Backend
     steps: list = field(default_factory=list)          # this cycle's StepRecords (the observer's)
+    tree: str = ""       # spec.tree "N,d,K" ("": chains only)
 
 
 @dataclass
@@ -90,13 +97,19 @@ class TimedCycle:
 
 
 def make_modes(draft_backends: dict, plain_backend, cfg: BenchConfig) -> list[Mode]:
-    """plain on `plain_backend`, then for each {draft label: backend} every fixed k and adaptive
-    (a backend may serve several modes: an engines folder's plain is k = 0 on it)."""
+    """plain on `plain_backend`, then for each {draft label: backend} every fixed k and adaptive,
+    then every tree: fixed, and adaptive (a backend may serve several modes: an engines folder's
+    plain is k = 0 on it)."""
     modes = [Mode("plain", "none", 0, False, plain_backend)]
     for label, be in draft_backends.items():
         modes += [Mode(f"{label} k={k}", label, k, False, be) for k in cfg.ks]
         if cfg.adaptive:
             modes.append(Mode(f"{label} adaptive", label, 0, True, be))
+        for t in cfg.trees:
+            depth = min(tree_shape(t).depth, K_MAX_LIMIT)
+            modes.append(Mode(f"{label} tree {t}", label, depth, False, be, tree=t))
+            if cfg.adaptive:
+                modes.append(Mode(f"{label} adaptive tree {t}", label, 0, True, be, tree=t))
     return modes
 
 
@@ -109,7 +122,8 @@ def mode_config(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> PlannerCon
         k, k_max = (s.k or min(4, s.k_max)), s.k_max
     else:
         k, k_max = mode.k, max(s.k_max, mode.k)
-    changes = {"spec": {"decoding": "greedy", "relax_r": 0, "k": k, "k_max": k_max, "adaptive": mode.adaptive},
+    changes = {"spec": {"decoding": "greedy", "relax_r": 0, "k": k, "k_max": k_max, "adaptive": mode.adaptive,
+                        "tree": mode.tree},
                "budget": {"budget_ms": cfg.budget_ms}}
     if cfg.max_reasoning_tokens is not None:
         changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
@@ -209,13 +223,23 @@ def _mode_summary(m: Mode, mine: list[TimedCycle], plain: list[TimedCycle], t1: 
         out.update(_spec_terms(m, steps, tau, t1, ms, out["decode_speedup"]["all"]))
     if m.k:
         out["free_running"] = free_running(steps)
+    if m.tree:
+        out["tree"] = m.tree
+        trees = [s for s in steps if s.nodes]
+        out["tree_steps"] = len(trees)
+        out["tree_nodes_mean"] = round(float(np.mean([s.nodes for s in trees])), 3) if trees else None
     return out
 
 
 def _spec_terms(m: Mode, steps, tau: float, t1: float, ms, measured) -> dict:
+    """The cost terms (bench/common/stats.py), a tree step priced as its draft calls (the tree's
+    depth: one per depth) and its one verify pass of its width."""
+    if m.tree:
+        depth = tree_shape(m.tree).depth
+        steps = [dataclasses.replace(s, k=depth) if s.nodes else s for s in steps]
     terms = cost_terms(steps, t1)
     v = terms["verify_ratio"]
-    ideal = ideal_speedup(tau, terms["ks"], terms["c"], lambda w: v[w])
+    ideal = ideal_speedup(tau, terms["ks"], terms["c"], lambda w: v[w], [s.width for s in steps])
     eff = measured / ideal if ideal and measured else 0.0
     factors = loss_factors(tau, terms["k_mean"], terms["c"], terms["v_mean"], eff)
     busy = sum(s.draft_ms + s.verify_ms for s in steps)

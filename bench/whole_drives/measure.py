@@ -16,7 +16,11 @@ mode decodes the same text. Per speculative mode also alpha on routine and on co
 routine clauses of each cycle's own reasoning by the language's grammar), the runtime's
 acceptance on the drive's cycles, also split by phase (cycles whose label names a cause against
 clear-road cycles, `phase_of`) and by the drive's family. `--modes` runs a subset (plain always:
-it is the reference every cycle is checked against).
+it is the reference every cycle is checked against). spec+tree (with `tree`, `--trees`'s first
+shape; in the default set only then): speculative with that token tree (runtime/tree.py), the
+adaptive choice between the tree and the best chain per step (with a fixed k: the tree every
+step); a tree step's proposals judged are its path's (accepted nodes, then the best-scored child
+where the path stopped), so its alpha reads as a chain's.
 """
 from __future__ import annotations
 
@@ -29,16 +33,17 @@ import numpy as np
 from tqdm import tqdm
 
 from prompt.config import ConfigError, check_range
-from runtime.config import PlannerConfig, ReuseConfig, with_overrides
+from runtime.config import PlannerConfig, ReuseConfig, tree_shape, with_overrides
 from runtime.planner import Planner
 from bench.common import accept_map
 from bench.common.stats import latency
 
 SCHEMA = "specdrive-bench-drives/1"
 MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup", "spec+vision+stream",
-         "spec+vision+lookup+stream", "spec+vision+lookup+approx")
+         "spec+vision+lookup+stream", "spec+vision+lookup+approx", "spec+tree")
 STREAM_MODES = MODES[5:7]       # streaming prefill: a frame_local target only (by default where it is one)
-APPROX_MODES = MODES[7:]        # APPROXIMATE prefill reuse (a causal target): only when asked for by name
+APPROX_MODES = MODES[7:8]       # APPROXIMATE prefill reuse (a causal target): only when asked for by name
+TREE_MODES = MODES[8:]          # token trees: with a tree shape (--trees)
 GOAL_SPEEDUP, GOAL_VISION_CUT = 2.5, 0.40      # issue 26's bar
 MAX_WARMUP = 100
 GOAL_STREAM_SPEEDUP, GOAL_PREFILL_CUT = 2.3, 0.40   # streaming prefill's bar (every exact reuse)
@@ -53,6 +58,7 @@ class DriveBenchConfig:
     k: int | None = None              # None: adaptive k (the profile's k_max); else this fixed k
     max_reasoning_tokens: int | None = None
     modes: tuple | None = None        # None: every mode (MODES); else these, plain always (the reference)
+    tree: str | None = None           # spec+tree's token tree "N,d,K" (None: no tree mode)
 
     def __post_init__(self):
         from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
@@ -62,6 +68,11 @@ class DriveBenchConfig:
             if unknown or not self.modes:
                 raise ConfigError(f"--modes {','.join(self.modes)!r}: unknown {', '.join(unknown) or 'empty list'}; "
                                   f"allowed: {', '.join(MODES)}")
+            if self.tree is None and any(m in TREE_MODES for m in self.modes):
+                raise ConfigError("--modes spec+tree needs the tree it runs: give --trees N,d,K (nodes, depth, "
+                                  "top-K), e.g. 16,8,4")
+        if self.tree is not None:
+            tree_shape(self.tree, "--trees")
         check_range("--drive-count", self.drives, lo=1, hi=MAX_DRIVES)
         if self.cycles is not None:
             check_range("--cycles", self.cycles, lo=1, hi=round(MAX_DRIVE_SECONDS / DT))
@@ -78,11 +89,13 @@ class DriveMode:
     speculative: bool
     reuse: ReuseConfig
     steps: list = dataclasses.field(default_factory=list)
+    tree: bool = False          # spec.tree = the config's tree
 
 
 def make_modes(cfg: DriveBenchConfig, streaming: bool = False) -> list[DriveMode]:
     """The modes asked for (cfg.modes; None: all, the streaming ones where the target is
-    frame_local: `streaming`). A streaming mode asked of a causal target is refused by its Planner."""
+    frame_local: `streaming`, the tree one where cfg has a tree). A streaming mode asked of a causal
+    target is refused by its Planner, a tree of a backend that cannot verify it too."""
     modes = [DriveMode("plain", False, ReuseConfig()),
              DriveMode("plain+vision", False, ReuseConfig(vision=True)),
              DriveMode("spec", True, ReuseConfig()),
@@ -91,10 +104,12 @@ def make_modes(cfg: DriveBenchConfig, streaming: bool = False) -> list[DriveMode
              DriveMode("spec+vision+stream", True, ReuseConfig(vision=True, prefill=True)),
              DriveMode("spec+vision+lookup+stream", True, ReuseConfig(vision=True, lookup=True, prefill=True)),
              DriveMode("spec+vision+lookup+approx", True,
-                       ReuseConfig(vision=True, lookup=True, approximate_prefill=True))]
+                       ReuseConfig(vision=True, lookup=True, approximate_prefill=True)),
+             DriveMode("spec+tree", True, ReuseConfig(), tree=True)]
     if cfg.modes is not None:
         return [m for m in modes if m.name == "plain" or m.name in cfg.modes]
-    return [m for m in modes if (streaming or m.name not in STREAM_MODES) and m.name not in APPROX_MODES]
+    return [m for m in modes if (streaming or m.name not in STREAM_MODES) and m.name not in APPROX_MODES
+            and (cfg.tree or m.name not in TREE_MODES)]
 
 
 def mode_config(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> PlannerConfig:
@@ -105,6 +120,8 @@ def mode_config(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> 
         spec = {"k": s.k or min(4, s.k_max), "adaptive": True}
     else:
         spec = {"k": cfg.k, "k_max": max(s.k_max, cfg.k), "adaptive": False}
+    if mode.tree:
+        spec["tree"] = cfg.tree
     changes = {"spec": {"decoding": "greedy", "relax_r": 0, **spec}, "budget": {"budget_ms": 0.0},
                "reuse": dataclasses.asdict(mode.reuse)}
     if cfg.max_reasoning_tokens is not None:
@@ -196,6 +213,7 @@ def _cycle_row(drive: int, cycle: int, res, steps, tok) -> dict:
             "steps": d.get("steps", 0), "emitted": d.get("emitted", 0),
             "lookup_proposed": d.get("looked_up", 0), "lookup_accepted": d.get("looked_up_accepted", 0),
             "model_proposed": sum(s.k for s in model), "model_accepted": sum(s.accepted for s in model),
+            "tree_steps": d.get("trees", 0),
             "reused": res.reuse.get("vision", {}).get("reused", 0),
             "blocks_kept": res.reuse.get("prefill", {}).get("reused", 0), "error": res.error,
             "judged": _judged(res, steps, tok),
@@ -249,7 +267,7 @@ def _mode(name: str, rows: list, plain: list, plain_p50: float | None, vision0: 
     diffs = [float(np.abs(r["trajectory"] - q["trajectory"]).max()) for r, q in zip(rows, plain)
              if r["trajectory"] is not None and q["trajectory"] is not None]
     tot = {k: sum(r[k] for r in rows) for k in ("lookup_proposed", "lookup_accepted", "model_proposed",
-                                                 "model_accepted", "reused", "blocks_kept")}
+                                                 "model_accepted", "reused", "blocks_kept", "tree_steps")}
     return {"name": name, "cycles": len(rows), "cycle_ms": cyc, "vision_ms": vis, **_alpha(rows),
             "alpha_by_phase": _alpha_by(rows, "phase"), "alpha_by_family": _alpha_by(rows, "family"),
             **{f"{k}_ms_p50": latency(r[f"{k}_ms"] for r in rows)["p50"]

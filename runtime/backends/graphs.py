@@ -99,6 +99,19 @@ class GraphBackend(Backend):
             return int(top), None
         return self.draw(logits, sampling, j)
 
+    def draft_topk(self, logits: np.ndarray, k: int):
+        """A draft graph's masked last-row logits (its head's, with a host map) -> the top-k target
+        ids and their log-probabilities (a tree's candidates, runtime/tree.py)."""
+        if self.host_map:
+            full = np.full(self.vocab_size, -np.inf, np.float32)
+            full[self.d2t] = logits
+            logits = full
+        z = logits.astype(np.float64)
+        z = z - z.max()
+        lp = z - np.log(np.exp(z).sum())
+        top = np.argsort(-lp, kind="stable")[:k]
+        return top.astype(np.int64), lp[top]
+
     # --- vision ---------------------------------------------------------------------------------
     def vision_grid(self, image_shape: tuple) -> tuple[np.ndarray, int]:
         p = self.meta.prompt

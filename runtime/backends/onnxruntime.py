@@ -177,7 +177,7 @@ class OrtBackend(GraphBackend):
         while True:
             n = ids.shape[1]
             logits, _, hidden = self._draft_call(graph, ids, row, feats)
-            top_ids, top_lp = self._topk(logits[0, -1], shape.topk)
+            top_ids, top_lp = self.draft_topk(logits[0, -1], shape.topk)
             if node is None:
                 b.root(top_ids, top_lp)
             else:
@@ -189,19 +189,6 @@ class OrtBackend(GraphBackend):
             ids = np.array([[b.tokens[node]]], np.int64)
             if self.fused:
                 graph, feats = DRAFT_CHAIN, hidden[:, -1:]
-
-    def _topk(self, logits: np.ndarray, k: int):
-        """A draft graph's masked last-row logits (its head's, with a host map) -> the top-k target
-        ids and their log-probabilities."""
-        if self.host_map:
-            full = np.full(self.vocab_size, -np.inf, np.float32)
-            full[self.d2t] = logits
-            logits = full
-        z = logits.astype(np.float64)
-        z = z - z.max()
-        lp = z - np.log(np.exp(z).sum())
-        top = np.argsort(-lp, kind="stable")[:k]
-        return top.astype(np.int64), lp[top]
 
     def verify_tree(self, tokens, start: int, readout: str, offsets, mask) -> np.ndarray:
         ids = np.asarray(tokens, np.int64)[None]

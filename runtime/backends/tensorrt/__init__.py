@@ -34,6 +34,16 @@ the k proposals once. The action expert runs on its own stream: it waits on an e
 the last cache write, copies the cache rows it reads into its context buffer, and its Euler update
 runs on the host (the export has no axpy graph; two (S, W, A) copies per Euler step).
 
+Token trees (runtime/tree.py): the step_tree engine has an optimization profile per tree width
+(the engine profile's shapes.tree_widths, e.g. 9, 17, 33: each covers the widths above the one
+before and is tuned at its own), and each width's CUDA graph is captured at warm-up beside the
+verify widths. A tree's pass is padded to the smallest width that holds it (a pad row sees the
+prefix and itself, and no row sees it), so it replays a captured graph; per tree pass the host
+sends the ids, the nodes' cos/sin rows and the (w, w) tree mask, and reads the arg-max back. The draft engines take no tree
+mask: the best node of each depth is fed and its logits row comes back for its top-K. The accepted
+path's K/V rows (and features) are moved on the device (keep_rows), so the caches stay contiguous.
+The widest tree a build takes is its widest profile; a wider one is refused naming it.
+
 Documentation followed: TensorRT 10.3 Python API and Developer Guide, CUDA Runtime API 12.x; each
 module names the sections it follows.
 """

@@ -12,12 +12,13 @@ import numpy as np
 from prompt.artifacts import EnginesMeta, Manifest
 from prompt.config import ConfigError
 from prompt.graphs import (ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL,
-                           IMAGE_BLOCKS, PREFILL, STEP, VISION, VISION_FRAME)
+                           IMAGE_BLOCKS, PREFILL, STEP, STEP_TREE, VISION, VISION_FRAME)
 from runtime.backend import BackendSpec, PrefillInputs, image_rows
 from runtime.backends.graphs import GraphBackend, split_frames
 from runtime.backends.tensorrt.cuda import Cuda
 from runtime.backends.tensorrt.cuda_graphs import GraphRunner
 from runtime.backends.tensorrt.engine import Engine, check_manifest, device_sm
+from runtime.tree import TreeBuilder
 
 INSTALL = ("on Jetson Orin (JetPack 6.1+): `sudo apt install python3-libnvinfer` (TensorRT 10.3); on "
            "DRIVE OS 6 TensorRT 8.6 comes with the DRIVE OS SDK; on x86 GPUs: `pip install tensorrt`; "
@@ -76,16 +77,33 @@ class TensorRTBackend(GraphBackend):
             e.allocate({"cache": self.draft_cache if g.startswith("draft") else self.cache})
         self.has_images = False
         self.verify_graphs = GraphRunner(cuda, self.engines[STEP], eager)
+        tree = self.engines.get(STEP_TREE)      # a profile per tree width (engines/build.py dim_ranges)
+        self.tree_widths = [r["ids"][2][1] for r in tree.ranges] if tree else []
+        self.tree_graphs = GraphRunner(cuda, tree, eager) if tree else None
         self._upload_tables()
         self.set_mask(None)
-        self._capture_verify_widths()
+        self._capture_widths()
 
-    def _capture_verify_widths(self) -> None:
-        """Every verify width 1..k_max+1 captured now, before any cycle. The warm-up steps feed
-        token 0 at rows 0..w-1 of an empty cache; the first prefill overwrites them."""
+    def _capture_widths(self) -> None:
+        """Every verify width 1..k_max+1, and every tree width, captured now, before any cycle. The
+        warm-up steps feed token 0 at rows 0..w-1 of an empty cache (a tree: a chain); the first
+        prefill overwrites them."""
         for w in range(1, self.k_max + 2):
             self._step(np.zeros(w, np.int64), 0, capture=True)
+        for w in self.tree_widths if self.takes_trees else ():
+            self._step_tree(np.zeros(w, np.int64), 0, np.arange(w), np.tri(w, dtype=bool), capture=True)
         self.cuda("cudaStreamSynchronize", self.stream)
+
+    @property
+    def takes_trees(self) -> bool:
+        """The build has a step_tree engine at the step's precision (builds before token trees
+        have none: rebuild)."""
+        g = self.meta.graphs
+        return STEP_TREE in self.engines and g[STEP_TREE].precision == g[STEP].precision
+
+    @property
+    def tree_width(self) -> int | None:
+        return self.tree_widths[-1] if self.tree_widths else None
 
     # --- device memory, allocated once ------------------------------------------------------
     def _allocate(self, meta: EnginesMeta, rows_max: int) -> None:
@@ -310,6 +328,22 @@ class TensorRTBackend(GraphBackend):
 
     # --- draft, verify, action ------------------------------------------------------------------
     def draft(self, tokens, start: int, k: int, sampling=None):
+        qs = []
+
+        def draw(j: int, logits: np.ndarray) -> int:      # the host samples: a logits row per proposal
+            token, q = self.draw(logits, sampling, j)
+            qs.append(q)
+            return token
+        slot = self._draft_calls(tokens, start, k, None if sampling is None else draw)
+        self.cuda.d2h(self.top_host[:k], slot, self.stream)
+        self.cuda("cudaStreamSynchronize", self.stream)
+        return self.top_host[:k].copy(), (np.stack(qs) if sampling is not None else None)
+
+    def _draft_calls(self, tokens, start: int, k: int, pick=None) -> int:
+        """At most k draft calls: `tokens` fed at `start`, then one token per call. Call j writes
+        its token to proposal slot j, which call j + 1 reads: its arg-max, on the device, or,
+        given `pick`, the token pick(j, its masked logits row) chose on the host (None: stop).
+        -> the address of slot 0."""
         tokens = np.asarray(tokens, np.int64)
         n0, cuda, s = len(tokens), self.cuda, self.stream
         self.check_rows(start, n0 + k - 1)
@@ -320,7 +354,7 @@ class TensorRTBackend(GraphBackend):
         cuda.h2d(feed.buf["ids"], self.ids_host[:n0], s)
         hidden = [feed.buf["hidden"], self.engines.get(DRAFT_CHAIN, feed).buf["hidden"]]
         slot = self.proposals + (n0 - 1) * 8                 # proposal j lands at slot + 8 j
-        n, e, qs = n0, feed, []
+        n, e = n0, feed
         for j in range(k):
             addr = {"argmax": slot + 8 * j - (n - 1) * 8, "hidden": hidden[j % 2]}
             if j == 0:
@@ -331,21 +365,62 @@ class TensorRTBackend(GraphBackend):
                 if self.fused:
                     addr["feats"] = hidden[(j - 1) % 2] + (n_prev - 1) * self.meta.draft_llm.hidden * 4
             self._feed(e, start, n, addr)
-            if sampling is not None:      # the host samples: one logits row back per proposal
-                self.ids_host[0], q = self.draw(self._read(e, n - 1, 1, "logits")[0], sampling, j)
-                qs.append(q)
+            if pick is not None:
+                token = pick(j, self._read(e, n - 1, 1, "logits")[0])
+                if token is None:
+                    break
+                self.ids_host[0] = token
                 cuda.h2d(slot + 8 * j, self.ids_host[:1], s)
             n_prev, start, n = n, start + n, 1
             e = self.engines[DRAFT_CHAIN] if self.fused else feed
-        cuda.d2h(self.top_host[:k], slot, s)
-        cuda("cudaStreamSynchronize", s)
-        return self.top_host[:k].copy(), (np.stack(qs) if sampling is not None else None)
+        return slot
 
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         tokens = np.asarray(tokens, np.int64)
         self.check_rows(start, len(tokens))
         self._step(tokens, start)
         return self._read(self.engines[STEP], 0, len(tokens), readout)
+
+    # --- token trees (runtime/tree.py) ----------------------------------------------------------
+    def draft_tree(self, tokens, start: int, shape):
+        """The draft engines take no tree mask, so the best node of each depth is fed (a chain of
+        draft calls, as on onnxruntime) and each call's masked logits row comes back for its
+        node's top-K: the tree is that chain with its siblings."""
+        b, n0, node = TreeBuilder(shape, expand=1), len(tokens), None
+
+        def expand(j: int, logits: np.ndarray):
+            nonlocal node
+            ids, logp = self.draft_topk(logits, shape.topk)
+            if node is None:
+                b.root(ids, logp)
+            else:
+                b.children([node], [start + n0 + j - 1], ids[None], logp[None])
+            nodes = b.expand()
+            node = None if nodes is None else nodes[0]
+            return None if node is None else b.tokens[node]
+        self._draft_calls(tokens, start, shape.depth, expand)
+        return b.tree()
+
+    def verify_tree(self, tokens, start: int, readout: str, offsets, mask) -> np.ndarray:
+        tokens = np.asarray(tokens, np.int64)
+        self.check_rows(start, len(tokens))
+        self._step_tree(tokens, start, np.asarray(offsets, np.int64), np.asarray(mask, bool))
+        return self._read(self.engines[STEP_TREE], 0, len(tokens), readout)
+
+    def keep_rows(self, start: int, rows, draft_start: int, draft_rows) -> None:
+        """Row by row, in path order: a path's rows increase and each lies at or after the row it
+        moves to, so none is overwritten before it is read."""
+        F, s = self.feat_dim * 4, self.stream
+        for cache, src, dst in (("cache", rows, start), ("draft_cache", draft_rows, draft_start)):
+            blocks, hd, size = self.kv[cache]
+            base, pitch = getattr(self, cache), self.max_len * hd * size
+            for j, r in enumerate(np.asarray(src, np.int64).tolist()):
+                if r != dst + j:
+                    self.cuda.blocks(base + (dst + j) * hd * size, pitch, base + r * hd * size, pitch,
+                                     hd * size, blocks, s)
+                    if cache == "cache" and self.fused:      # row r's features at index r + 1
+                        self.cuda.d2d(self.feats + (dst + j + 1) * F, self.feats + (r + 1) * F, F, s)
+        self.cuda("cudaEventRecord", self.kv_ready, s)
 
     def write(self, tokens, start: int) -> None:
         self._step(np.asarray(tokens, np.int64), start)
@@ -361,6 +436,8 @@ class TensorRTBackend(GraphBackend):
         cuda("cudaStreamSynchronize", self.stream)
         cuda("cudaStreamSynchronize", self.action_stream)
         self.verify_graphs.close()
+        if self.tree_graphs is not None:
+            self.tree_graphs.close()
         cuda("cudaEventDestroy", self.kv_ready)
         cuda("cudaStreamDestroy", self.stream)
         cuda("cudaStreamDestroy", self.action_stream)
@@ -382,6 +459,47 @@ class TensorRTBackend(GraphBackend):
         if self.fused:                                   # rows start.. at index start + 1..
             cuda.d2d(self.feats + (start + 1) * self.feat_dim * 4, e.buf["feats"], n * self.feat_dim * 4, s)
         cuda("cudaEventRecord", self.kv_ready, s)
+
+    def _step_tree(self, tokens: np.ndarray, start: int, offsets: np.ndarray, mask: np.ndarray,
+                   capture: bool = False) -> None:
+        """Target pass over a tree's n rows at `start` (positions start + offsets, the (n, n) tree
+        mask), padded to the smallest tree width w >= n whose rows fit the cache, so it replays
+        that width's CUDA graph (no such width: n rows, eagerly). A pad row is token 0 at the first
+        pending row's position that sees the prefix and itself, and no row sees it; its K/V lands
+        past the tree, in rows written again before anything reads them. Host to device: the w ids, cos/sin rows
+        and the (w, w) mask; the allowed rows are copied on the device."""
+        n, e, cuda, s = len(tokens), self.engines[STEP_TREE], self.cuda, self.stream
+        w = next((b for b in self.tree_widths if b >= n and start + b <= self.max_len), n)
+        hd, V = self.meta.target.head_dim, self.vocab_size
+        offsets = np.concatenate([offsets, np.zeros(w - n, np.int64)])
+        self.ids_host[:w] = np.concatenate([tokens, np.zeros(w - n, np.int64)])
+        cuda.h2d(e.buf["ids"], self.ids_host[:w], s)
+        tree = self._staging("tree", (w, w), np.bool_)
+        tree[:] = np.eye(w, dtype=bool)
+        tree[:n, :n] = mask
+        cuda.h2d(e.buf["tree"], tree, s)
+        for name, table in zip(("cos", "sin"), self.target_rope((start + offsets + self.delta)[None])):
+            host = self._staging("tree_" + name, (w, hd), np.float32)
+            host[:] = table.reshape(w, hd)
+            cuda.h2d(e.buf[name], host, s)
+        cuda.d2d(e.buf["start"], self.arange + start * 8, 8, s)
+        self._tree_mask_rows(e.buf["allowed"], start + 1, offsets)
+        run = self.tree_graphs.capture if capture else self.tree_graphs.run
+        run(w, {"ids": (1, w), "cos": (1, w, hd), "sin": (1, w, hd), "allowed": (w, V), "tree": (w, w)})
+        self._write_rows("cache", e.buf["new_kv"], start, w)
+        if self.fused:
+            cuda.d2d(self.feats + (start + 1) * self.feat_dim * 4, e.buf["feats"], w * self.feat_dim * 4, s)
+        cuda("cudaEventRecord", self.kv_ready, s)
+
+    def _tree_mask_rows(self, dst: int, index0: int, offsets: np.ndarray) -> None:
+        """Mask rows index0 + offsets[i] into row i of dst. The tiled table repeats with the
+        period P, so row i may read table row i + ((index0 + offsets[i] - first - i) mod P): runs
+        of consecutive table rows go in one copy each (a period-1 mask: one copy in all)."""
+        i, V = np.arange(len(offsets)), self.vocab_size
+        rows = i + (index0 + offsets - self.mask_first - i) % self.mask_period
+        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+        for a, b in zip([0, *cuts], [*cuts, len(rows)]):
+            self.cuda.d2d(dst + int(a) * V, self.mask + int(rows[a]) * V, int(b - a) * V, self.stream)
 
     def _feed(self, e: Engine, start: int, n: int, addresses: dict) -> None:
         """One draft call of n tokens at `start` (eager: its addresses move along the chain)."""

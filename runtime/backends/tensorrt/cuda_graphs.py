@@ -12,11 +12,12 @@ from runtime.backends.tensorrt.engine import Engine
 
 
 class GraphRunner:
-    """CUDA graphs of one engine's first profile, one per width, all captured at warm-up
-    (`capture`, before any cycle); a cycle only replays them (their shapes set back first,
-    host-side), so no capture ever counts against a budget. TensorRT does deferred work in the
-    first enqueue after a shape change, so each width is captured right after an eager run at
-    that width. Widths outside the first profile run eagerly. `eager` turns graphs off."""
+    """CUDA graphs of one engine, one per width, all captured at warm-up (`capture`, before any
+    cycle), each on the context of the optimization profile that covers it; a cycle only replays
+    them (their shapes set back first, host-side), so no capture ever counts against a budget.
+    TensorRT does deferred work in the first enqueue after a shape change, so each width is
+    captured right after an eager run at that width. A width never captured runs eagerly. `eager`
+    turns graphs off."""
 
     def __init__(self, cuda: Cuda, engine: Engine, eager: bool):
         self.cuda, self.engine, self.eager = cuda, engine, eager
@@ -33,12 +34,12 @@ class GraphRunner:
         """Warm-up only: an eager run at `width`, then its graph captured and replayed once."""
         e, cuda = self.engine, self.cuda
         e.run(shapes)
-        if self.eager or e.profile_for(shapes) != 0 or width in self.execs:
+        if self.eager or width in self.execs:
             return
-        e.bind(shapes)
+        p = e.bind(shapes)
         mode = cuda.rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         cuda("cudaStreamBeginCapture", e.stream, mode)
-        ok = e.contexts[0].execute_async_v3(int(e.stream))
+        ok = e.contexts[p].execute_async_v3(int(e.stream))
         graph = cuda("cudaStreamEndCapture", e.stream)
         if not ok:
             raise RuntimeError(f"{e.name}: execute_async_v3 failed while capturing width {width}")
