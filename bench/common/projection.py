@@ -364,7 +364,8 @@ def project_trees(cfg: ModelConfig, dev: Device, w: Workload, trees, goal: float
     """Token trees against the chain of `w` (k, tau): [(TreeShape, tau or None)] -> the verify ms
     of every width, and per tree its step's ms; with its tau, its reasoning stage (ceil(N / tau)
     steps) and how far below the chain's it is; always the tau it would need to be `goal` below
-    (`tau_needed`, with N / tau steps unrounded)."""
+    (`tau_needed`: N over the most whole steps that fit, as the reasoning stage counts them; None
+    when not even one step fits)."""
     chain = project(cfg, dev, w)["speculative"]["reasoning_ms"]
     N, widths = w.reasoning_tokens, sorted({1, w.k + 1, *(1 + t.nodes for t, _ in trees)})
     s = Shapes(cfg, w.precision, dev.impl)
@@ -378,7 +379,7 @@ def project_trees(cfg: ModelConfig, dev: Device, w: Workload, trees, goal: float
         step = sum(ms.values())
         row = {"tree": str(shape), "width": 1 + shape.nodes, **{f"{k}_ms": v for k, v in ms.items()},
                "step_ms": step, "tau": tau, "reasoning_ms": None, "below_chain": None,
-               "tau_needed": N * step / ((1 - goal) * chain) if chain else None}
+               "tau_needed": tau_for(N, step, (1 - goal) * chain)}
         if tau is not None:
             row["reasoning_ms"] = math.ceil(N / tau) * step
             row["below_chain"] = 1 - row["reasoning_ms"] / chain if chain else None
@@ -388,6 +389,12 @@ def project_trees(cfg: ModelConfig, dev: Device, w: Workload, trees, goal: float
     return {"verify_ms": verify, "chain": {"k": w.k, "tau": w.tau, "reasoning_ms": chain}, "trees": rows,
             "best": best and best["tree"], "goal": goal,
             "met": None if best is None else bool(best["below_chain"] is not None and best["below_chain"] >= goal)}
+
+
+def tau_for(tokens: float, step_ms: float, within_ms: float) -> float | None:
+    """The smallest tau whose ceil(tokens / tau) steps of step_ms fit within_ms (None: not one)."""
+    steps = math.floor(within_ms / step_ms) if step_ms > 0 else 0
+    return tokens / steps if steps >= 1 else None
 
 
 def project(cfg: ModelConfig, dev: Device, w: Workload) -> dict:

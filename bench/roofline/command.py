@@ -266,8 +266,9 @@ def format_trees(t: dict) -> str:
     for r in t["trees"]:
         tau, reason, below = (("-", "-", "-") if r["tau"] is None else
                               (f"{r['tau']:.2f}", f"{r['reasoning_ms']:.1f}", f"{r['below_chain']:.1%}"))
+        need = "-" if r["tau_needed"] is None else f"{r['tau_needed']:.2f}"
         lines.append(f"| {r['tree']} | {r['width']} | {r['draft_ms']:.2f} | {r['verify_ms']:.2f} | {r['step_ms']:.2f} "
-                     f"| {tau} | {reason} | {below} | {r['tau_needed']:.2f} |")
+                     f"| {tau} | {reason} | {below} | {need} |")
     if t["best"]:
         best = next(r for r in t["trees"] if r["tree"] == t["best"])
         lines.append(f"best tree {best['tree']}: reasoning {best['reasoning_ms']:.1f} ms, {best['below_chain']:.1%} "
