@@ -136,15 +136,21 @@ def frame_local_onnx(tiny_onnx):
 
 
 @pytest.fixture(scope="module")
-def causal_onnx(causal_ckpt, tmp_path_factory):
-    """The shipped weights declared causal, exported to ONNX (no image_blocks graph)."""
-    from export import onnx as ex
+def causal_onnx(tiny_onnx, tmp_path_factory):
+    """An export of a causal target as the backends read it: the shipped export's meta.json says
+    llm.image_attention causal and lists no image_blocks graph (restamped; for the refusals only,
+    no inference: the graphs themselves were traced frame-local)."""
+    import shutil
+
+    from folders import edit_meta
 
     out = tmp_path_factory.mktemp("engines") / "tiny-causal-ort"
-    prof = load_planner_config("cpu")
-    ex.export_onnx(causal_ckpt, out, None, ex.ExportConfig(max_len=prof.max_len, k_max=8,
-                                                           samples=prof.trajectory_samples),
-                   progress=lambda *_: None)
+    shutil.copytree(tiny_onnx, out)
+
+    def causal(meta):
+        meta["target"]["image_attention"] = "causal"
+        del meta["graphs"]["image_blocks"]
+    edit_meta(out, causal, restamp=True)
     return out
 
 
