@@ -132,6 +132,7 @@ class Backend(abc.ABC):
     # image_blocks / prefill_streamed exist (PlannerConfig.reuse.prefill, a frame_local target)
     image_attention = "causal"
     streams_prefill = False
+    stream_mismatch = None          # why streaming here would not be a full prefill's (str), or None
     approximates_prefill = False    # prefill_approximate exists (reuse.approximate_prefill, a causal target)
     readouts = READOUTS             # what `read` can give (an exact-only engine: ids alone)
     # takes_trees: draft_tree / verify_tree / keep_rows exist (token trees, runtime/tree.py);

@@ -176,6 +176,8 @@ def check_streaming(backend) -> None:
                           "frame_local checkpoint (checkpoints/tiny; configs/train/sft.yaml) or turn reuse.prefill off")
     if not backend.streams_prefill:
         raise ConfigError(f"reuse.prefill: backend {backend.name!r} cannot stream the prefill; turn reuse.prefill off")
+    if backend.stream_mismatch:
+        raise ConfigError(f"reuse.prefill: {backend.stream_mismatch}")
 
 
 def check_approximate(backend) -> None:

@@ -238,3 +238,26 @@ def test_runtimes_with_their_own_causal_mask_refuse_a_frame_local_target(frame_l
     with pytest.raises(ConfigError, match="frame_local.*causal mask"):
         save_hf(target, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_streaming_is_refused_where_image_blocks_and_prefill_differ_in_precision(tiny_onnx, tmp_path):
+    """A calibrated export whose prefill is quantized and whose image_blocks is not would stream
+    blocks that are not the full prefill's: refused, naming both precisions."""
+    import shutil
+
+    from folders import edit_meta
+
+    out = tmp_path / "int8-prefill"
+    shutil.copytree(tiny_onnx, out)
+
+    def int8_prefill(meta):      # what calibration's entry says (the graph file itself stays fp32)
+        meta["graphs"]["prefill"].update(precision="int8", quantization={"method": "stand-in"})
+        meta["precision"] = {**meta["precision"], "prefill": "int8"}
+    edit_meta(out, int8_prefill, restamp=True)
+    be, tok = open_backend(ModelSource(engines=out, threads=1), 512)
+    assert be.streams_prefill and "image_blocks graph is fp32 and the prefill graph int8" in be.stream_mismatch
+    with pytest.raises(ConfigError, match="reuse.prefill: the image_blocks graph is fp32 and the prefill graph int8"):
+        Planner(be, tok, profile(vision=True, prefill=True))
+    Planner(be, tok, profile(vision=True))                  # without streaming it runs
+    same, _ = open_backend(ModelSource(engines=tiny_onnx, threads=1), 512)
+    assert same.stream_mismatch is None

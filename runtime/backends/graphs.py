@@ -17,6 +17,7 @@ import numpy as np
 from prompt.artifacts import EnginesMeta
 from prompt.config import ConfigError
 from prompt.draft_vocab import check_d2t, d2t_sha256
+from prompt.graphs import IMAGE_BLOCKS, PREFILL
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
 from runtime.backend import Backend, expert_noise
@@ -51,6 +52,19 @@ class GraphBackend(Backend):
         self.delta = 0
         self.action_fixed = (meta.action.samples, meta.action.combine)   # in action_output
         self.image_attention = t.image_attention
+
+    @property
+    def stream_mismatch(self) -> str | None:
+        """Streaming is exact only where the image_blocks graph computes what the prefill graph
+        computes: the same precision (a quantized image_blocks would also need the prefill's own
+        scales, which calibration does not share yet)."""
+        g = self.meta.graphs
+        if IMAGE_BLOCKS not in g or PREFILL not in g or g[IMAGE_BLOCKS].precision == g[PREFILL].precision:
+            return None
+        return (f"the image_blocks graph is {g[IMAGE_BLOCKS].precision} and the prefill graph "
+                f"{g[PREFILL].precision}, so streamed image blocks would not be the full prefill's. Streaming "
+                "a quantized prefill is not built yet; use an export whose prefill is not quantized, or turn "
+                "reuse.prefill off")
 
     def block_rows(self, blocks: list, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Kept image blocks (per frame (kv (layers, 2, 1, KVH, L, hd) with K before rope, feats
