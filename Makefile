@@ -28,6 +28,7 @@ help:
 	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
 	@echo "make test     install into .venv if needed, check import contracts and Python 3.10, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~100 min on 2 CPU cores)"
+	@echo "make train-causal  the same target in the HF causal image layout -> runs/tiny-causal (for Edge-LLM, TensorRT-LLM)"
 	@echo "make claims   the seed paper's claims measured with seeds and intervals -> docs/claims-data.md"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
