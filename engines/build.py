@@ -23,7 +23,6 @@ from pathlib import Path
 from engines.profile import EngineProfile
 from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
-from models import io
 from prompt.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
 from prompt.config import ConfigError, file_sha256, to_dict
 from prompt.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, STEP_TREE, TARGET_LLM_GRAPHS
@@ -47,7 +46,7 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     calibrated, meta = calibrate(profile, out, meta, planner, progress)
     trt, trtexec = find_tensorrt()
     steps = {"export": "done", "calibrate": calibrated["status"]}
-    trtllm, layout = None, image_attention(checkpoint)
+    trtllm, layout = None, meta.target.image_attention
     if profile.trtllm.enabled and layout != "causal":
         steps["trtllm"] = (f"skipped: the target's image layout is {layout!r} and TensorRT-LLM "
                            "builds its own causal mask; these TensorRT engines run it (a causal target gets both)")
@@ -67,12 +66,6 @@ def build(profile: EngineProfile, checkpoint: Path, out: Path, planner, progress
     steps["build"] = "done"
     write_manifest(profile, checkpoint, out, meta, steps, calibrated, built=True, engines=engines, trtllm=trtllm)
     return BUILT
-
-
-def image_attention(checkpoint: Path) -> str:
-    """The image layout of the planner folder's target (llm.image_attention)."""
-    target = io.read_meta(io.scan_checkpoints(checkpoint)[0]["target"])
-    return target.config["target"]["llm"].get("image_attention", "causal")
 
 
 def export_config(profile: EngineProfile, planner) -> ExportConfig:

@@ -110,9 +110,9 @@ def check_draft(cfg: ModelConfig, name: str) -> None:
                           "rotary positions; export a FlatRoPE draft")
 
 
-def check_target(cfg: ModelConfig, tok, where: str = "export edgellm") -> None:
+def check_target(cfg: ModelConfig, tok) -> None:
     llm = cfg.target.llm
-    check_causal(cfg.target, where)          # Edge-LLM builds its own causal mask
+    check_causal(cfg.target, "export edgellm")          # Edge-LLM builds its own causal mask
     if not llm.mrope_section:
         raise ConfigError("the target has no M-RoPE (llm.mrope_section empty): not a Qwen-VL layout, "
                           "which Edge-LLM's qwen3_vl / qwen2_5_vl export needs")

@@ -32,6 +32,15 @@ def set_layout(planner, image_attention: str) -> None:
             meta_file.write_text(json.dumps(meta, indent=1) + "\n")
 
 
+def layout_of(planner) -> str:
+    """The image layout planner folder `planner`'s target/meta.json declares (what an export of it
+    records as meta.json target.image_attention): for stand-in exports."""
+    from pathlib import Path
+
+    meta = json.loads((Path(planner) / "target" / "meta.json").read_text())
+    return meta["config"]["target"]["llm"].get("image_attention", "causal")
+
+
 def planner_copy(src, out, image_attention: str):
     """A copy of planner folder `src` at `out` declared of layout `image_attention`."""
     shutil.copytree(src, out)

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from folders import layout_of
 from engines import build as eb
 from engines.profile import EngineProfile, GraphPrecision, known_profiles, load_profile
 from prompt.artifacts import TensorSpec, read_manifest
@@ -85,7 +86,8 @@ def fake_export(checkpoint, out, draft, cfg, progress=print):
     meta = {"kind": "engines", "backend": "onnxruntime", "max_len": cfg.max_len, "k_max": cfg.k_max,
             "graphs": graphs}
     (out / "meta.json").write_text(json.dumps(meta))
-    return SimpleNamespace(graphs={n: SimpleNamespace(**g) for n, g in graphs.items()})   # what the build reads
+    return SimpleNamespace(graphs={n: SimpleNamespace(**g) for n, g in graphs.items()},   # what the build reads
+                           target=SimpleNamespace(image_attention=layout_of(checkpoint)))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from folders import layout_of
 from calibration.torch_quant import calibration_set
 from engines import build as eb
 from engines import trtllm
@@ -33,7 +34,8 @@ CALIB = 2          # calibration scenes in these tests (the profiles use 32)
 
 def stub_export(checkpoint, out, draft, cfg, progress=print):
     (out / "meta.json").write_text(json.dumps({"graphs": {}}))
-    return SimpleNamespace(graphs={})        # what the build reads of an export's meta (EnginesMeta)
+    # what the build reads of an export's meta (EnginesMeta)
+    return SimpleNamespace(graphs={}, target=SimpleNamespace(image_attention=layout_of(checkpoint)))
 
 
 def stub_calibrate(profile, out, meta, planner, progress):

@@ -158,6 +158,7 @@ def run(cfg: AARLConfig) -> Path:
         torch.set_num_threads(cfg.run.threads)
     world = dist.init()
     tok, model_cfg, target, expert = io.load_planner(cfg.target)
+    source = ckpt.target_sha256(cfg.target)          # recorded with every checkpoint of the draft
     for p in [*target.parameters(), *expert.parameters()]:
         p.requires_grad_(False)
     _, policy, meta = io.load_draft(cfg.draft, model_cfg, target)
@@ -177,7 +178,7 @@ def run(cfg: AARLConfig) -> Path:
     def on_checkpoint(step):
         ckpt.save_draft(out / "ckpt", "flat-aarl", model_cfg, policy,
                         {"stage": "aarl", "step": step, "init": cfg.draft, "target": cfg.target,
-                         "target_sha256": ckpt.target_sha256(cfg.target)})
+                         "target_sha256": source})
 
     loop.fit(cfg.run, {"draft": policy}, step_fn, world, on_checkpoint, {"config": to_dict(cfg)})
     return out / "ckpt" / "draft-flat-aarl"

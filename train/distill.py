@@ -79,9 +79,9 @@ def head_map(cfg: DistillConfig, tok) -> np.ndarray:
 
 
 def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, teachers, tok,
-                out: Path, d2t: np.ndarray | None = None) -> Path:
+                out: Path, d2t: np.ndarray | None = None, source: str | None = None) -> Path:
     """One draft of `variant` from seed `seed` (with the reduced head `d2t`, if given); returns
-    its checkpoint folder."""
+    its checkpoint folder. `source`: the target weights' sha256, recorded in its meta.json."""
     torch.manual_seed(seed)
     vocab_n = 0 if d2t is None else len(d2t)
     draft = Draft(ckpt.draft_config(model_cfg, variant, vocab_n), target.embed_tokens, target.lm_head)
@@ -99,7 +99,7 @@ def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, 
     def on_checkpoint(step):
         ckpt.save_draft(out / "ckpt", variant, model_cfg, draft,
                         {"stage": "distill", "step": step, "seed": seed, "target": cfg.target,
-                         "target_sha256": ckpt.target_sha256(cfg.target), "scenes": len(teachers)})
+                         "target_sha256": source, "scenes": len(teachers)})
 
     loop.fit(run, {"draft": draft}, step_fn, dist.World(), on_checkpoint, {"config": to_dict(cfg)})
     (out / "done.json").write_text(json.dumps({"steps": run.steps}) + "\n")
@@ -128,6 +128,6 @@ def run(cfg: DistillConfig) -> list[Path]:
         if layers not in teachers:
             teachers[layers] = build_teachers(target, with_r, layers, cfg.gen_batch)
         out_dirs += [train_draft(v, s, cfg, model_cfg, target, teachers[layers], tok,
-                                 out / f"{ckpt.variant_name(v, cfg.draft_vocab)}-s{s}", d2t)
+                                 out / f"{ckpt.variant_name(v, cfg.draft_vocab)}-s{s}", d2t, source)
                      for s in cfg.seeds]
     return out_dirs
