@@ -104,3 +104,20 @@ def test_one_split_is_the_share_a_whole_run_writes_there(tmp_path, datasets):
         generate(GenerateConfig(str(tmp_path / "tiny"), 3, split="unseen"), progress=False)
     with pytest.raises(ConfigError, match="'dev' is not a split"):
         GenerateConfig(str(tmp_path / "x"), 30, split="dev")
+
+
+def test_bench_takes_a_dataset_split_whose_scenes_differ_from_the_synthetic_seeds(datasets):
+    """`bench --data DIR --split val`: the split's own scenes. Synthetic scenes from a seed are the
+    same in val and test, so without a dataset `--split val` would bench the test scenes."""
+    from bench.speedup.command import bench_scenes
+    from bench.speedup.measure import BenchConfig
+
+    val = bench_scenes(BenchConfig(scenes=2, split="val", data=datasets / "one"))
+    assert [s.name for s in val] == ["val/0", "val/1"]
+    assert np.array_equal(val[0].images, load(datasets / "one", "val")[0].images)
+    synthetic = {s: bench_scenes(BenchConfig(scenes=1, seed=0, split=s))[0] for s in ("val", "test")}
+    assert np.array_equal(synthetic["val"].images, synthetic["test"].images)
+    assert not np.array_equal(val[0].images, synthetic["val"].images)
+    n = len(load(datasets / "one", "val"))
+    with pytest.raises(ConfigError, match=rf"holds {n} scenes; allowed 1..{n}"):
+        bench_scenes(BenchConfig(scenes=n + 1, split="val", data=datasets / "one"))

@@ -44,7 +44,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trees", type=tree_list, default=(), help="token trees N,d,K ';'-separated (\"16,8,4;32,8,8\"): tree modes")
     p.add_argument("--scenes", type=int, default=16, help="synthetic scenes (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first scene")
-    p.add_argument("--split", default="test", help="split of the synthetic scenes")
+    p.add_argument("--split", default="test", help="split: with --data the dataset split; for synthetic "
+                   "scenes it picks only families and ranges (the same --seed gives the same scene in "
+                   "train, val and test; heldout and unseen differ)")
+    p.add_argument("--data", type=Path, help="dataset folder (`scenes generate`): bench the first --scenes "
+                   "scenes of its --split instead of synthetic ones (e.g. validation scenes)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds over all scenes and modes")
     p.add_argument("--warmup", type=int, default=1, help="untimed cycles per mode first")
     p.add_argument("--budget-ms", type=float, default=0.0, help="planner budget in the timed cycles "
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def speedup_run(args: argparse.Namespace) -> BenchRun:
-    measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, repeats=args.repeats, warmup=args.warmup,
+    measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, data=args.data, repeats=args.repeats, warmup=args.warmup,
                           ks=args.ks, adaptive=not args.no_adaptive, trees=args.trees, budget_ms=args.budget_ms,
                           max_reasoning_tokens=args.max_reasoning, picture_scene=args.picture_scene)
     return BenchRun(source=model_source(args), measure=measure, json=args.json, drafts=args.drafts,

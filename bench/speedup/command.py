@@ -23,6 +23,7 @@ from bench.common.sources import announce_fingerprints, check_scene_cameras, def
 from bench.common.threads import torch_threads
 from bench.speedup import report
 from bench.speedup.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
+from prompt.config import ConfigError
 from runtime.artifacts import ModelSource
 from runtime.config import load_planner_config
 
@@ -44,12 +45,27 @@ class BenchRun:
 
 
 def bench_scenes(cfg: BenchConfig) -> list[BenchScene]:
+    """`scenes` synthetic scenes from `seed` (the split picks only the families and the ranges: the
+    same seed gives the same scene in train, val and test), or, with `data`, the first `scenes`
+    scenes of that dataset split (scenes generate: a split's scenes have seeds of their own)."""
     from scenes.world import make_scene
 
+    if cfg.data is not None:
+        from scenes.dataset import load
+
+        split = load(str(cfg.data), cfg.split)
+        if len(split) < cfg.scenes:
+            raise ConfigError(f"--scenes {cfg.scenes}: {str(cfg.data)!r} split {cfg.split!r} holds "
+                              f"{len(split)} scenes; allowed 1..{len(split)}")
+        named = [(f"{cfg.split}/{i}", split[i]) for i in range(cfg.scenes)]
+    else:
+        named = [(f"seed{cfg.seed + i}", make_scene(cfg.seed + i, split=cfg.split)) for i in range(cfg.scenes)]
     out = []
-    for i in range(cfg.scenes):
-        s = make_scene(cfg.seed + i, split=cfg.split)
-        out.append(BenchScene(f"seed{cfg.seed + i}", s.family, np.asarray(s.images),
+    for name, s in named:
+        if s.images is None:
+            raise ConfigError(f"scene {name} has no camera images (a dataset made with --no-render?); "
+                              "the bench needs them")
+        out.append(BenchScene(name, s.family, np.asarray(s.images),
                               np.asarray(s.history, np.float32), int(sum(s.coc_routine)),
                               np.asarray(s.future, np.float32)))
     return out
@@ -73,7 +89,8 @@ def run(cfg: BenchRun) -> int:
                 be.close()
     record["setup"] = {"source": source, "fingerprints": fingerprints, "backend": plain.name, "device": src.device,
                        "profile": str(cfg.profile), "command": cfg.command,
-                       **{k: v for k, v in vars(measure).items()}, "threads": cfg.threads,
+                       **{k: str(v) if isinstance(v, Path) else v for k, v in vars(measure).items()},
+                       "threads": cfg.threads,
                        "fallback": profile.fallback, "decoding": "greedy",
                        "gc": "collected before, disabled inside every timed cycle"}
     write_outputs(cfg, record)

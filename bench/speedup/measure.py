@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -40,6 +41,7 @@ class BenchConfig:
     scenes: int = 16
     seed: int = 0
     split: str = "test"
+    data: Path | None = None      # a dataset folder: its split's first `scenes` scenes (seed unused)
     repeats: int = 3
     warmup: int = 1
     ks: tuple = (4, 8)
@@ -326,7 +328,7 @@ def _cycle_log(modes, cycles, records, scenes, tok) -> list[dict]:
                         "reasoning": c.res.reasoning, "stop_reason": c.res.stop_reason,
                         "error": c.res.error, "words": r["words"], "labels": r["labels"],
                         "classes": r["classes"],
-                        "decode": {k: c.res.decode.get(k) for k in ("steps", "emitted", "accepted", "tau", "ks",
+                        "decode": {k: c.res.decode.get(k) for k in ("steps", "emitted", "accepted", "tau", "ks", "ns",
                                                                      "branches")},
                         "stages_ms": c.res.timing.get("stages_ms", {}), "flags": list(c.res.flags)})
     return log
