@@ -64,3 +64,37 @@ def test_config_overrides_from_the_command_line(tmp_path):
         config.load("aarl", path, ["kl_cof=1"])
     with pytest.raises(ConfigError, match="action_on"):
         config.load("aarl", path, ["action_on=sometimes"])
+
+
+def _seeded(tau: float, seed_sd: float, rng, seeds=5, scenes=80) -> dict:
+    """{seed: per-scene records}: each training seed shifts tau by N(0, seed_sd), each scene by N(0, 0.5)."""
+    out = {}
+    for s in range(seeds):
+        shift = rng.normal(0, seed_sd)
+        out[str(s)] = {"per_scene": [_rec(20 * max(tau + shift + rng.normal(0, 0.5), 1.0), 20) for _ in range(scenes)]}
+    return out
+
+
+def test_the_seed_level_interval_carries_the_spread_between_seeds():
+    rng = np.random.default_rng(0)
+    a, b = _seeded(5.0, 0.4, rng), _seeded(5.0, 0.4, rng)        # no true difference, seeds spread
+    seed_level = claims.hierarchical_diff(a, b)
+    scene_level = claims_report.tau_diff(a, b)
+    assert seed_level["hi"] - seed_level["lo"] > 2 * (scene_level[2] - scene_level[1])
+    assert seed_level["lo"] < 0 < seed_level["hi"] and seed_level["p"] > 0.05
+    tight = claims.hierarchical_diff(_seeded(5.0, 0.0, rng), _seeded(5.6, 0.0, rng))    # a real +0.6, no seed spread
+    assert tight["lo"] > 0.3 and tight["p"] < 0.01 and abs(tight["point"] - 0.6) < 0.15
+    with pytest.raises(ValueError, match="no seed is in both"):
+        claims.hierarchical_diff(a, {"9": b["0"]})
+
+
+def test_holm_and_the_verdicts():
+    assert claims.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    tests = [{"point": 0.6, "p": 0.001, "se": 0.1}, {"point": -0.5, "p": 0.002, "se": 0.1},
+             {"point": 0.2, "p": 0.03, "se": 0.1}, {"point": 0.1, "p": 0.2, "se": 0.1}]
+    v = claims.verdicts(tests)
+    # 0.03 alone would pass 0.05; third of four under Holm it is 0.03 x 2
+    assert [t["verdict"] for t in v] == ["holds", "does not hold", "not resolved at this power",
+                                         "not resolved at this power"]
+    assert [t["p_holm"] for t in v] == pytest.approx([0.004, 0.006, 0.06, 0.2])
+    assert v[0]["detectable"] == pytest.approx((2.498 + 0.8416) * 0.1, abs=0.01)     # z(1 - 0.05 / 8)

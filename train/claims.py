@@ -106,3 +106,72 @@ def budget_action(expert, target, teachers, examples, scenes, tok, drafts: dict,
                         "tokens": float(np.mean(v["tokens"])), "ade_scenes": v["ade"], "tokens_scenes": v["tokens"],
                         "commitment_scenes": v["commitment"]} for p, v in per.items()}
         for name, per in rows.items()}}
+
+
+# --- seed-level intervals: seeds, then scenes within a seed --------------------------------------
+POWER_Z = 0.8416     # z of 80 % power
+
+
+def _z(q: float) -> float:
+    from statistics import NormalDist
+    return NormalDist().inv_cdf(q)
+
+
+def tau_arrays(runs: dict, seeds: list) -> tuple[np.ndarray, np.ndarray]:
+    """(n, f) arrays (seeds, scenes) of per-scene records {seed: draft numbers}: tokens and target
+    passes; every seed on the same scenes."""
+    n = np.array([[r["n"] for r in runs[s]["per_scene"]] for s in seeds], float)
+    f = np.array([[r["f"] for r in runs[s]["per_scene"]] for s in seeds], float)
+    return n, f
+
+
+def hierarchical_diff(a: dict, b: dict, seed: int = 0, boot: int = BOOT) -> dict:
+    """tau(b) - tau(a) with a two-level bootstrap: resample the training seeds (with replacement),
+    then the scenes within each drawn seed; a and b share the draws (the same seed label, the same
+    scenes), so the interval carries the spread from one training seed to the next as well as the
+    scenes'. Returns point, lo, hi (95 %), se, and the two-sided bootstrap p of no difference."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError("no seed is in both groups; a paired seed-level comparison needs one")
+    na, fa = tau_arrays(a, seeds)
+    nb, fb = tau_arrays(b, seeds)
+    if na.shape != nb.shape:
+        raise ValueError(f"the groups were evaluated on other scenes ({na.shape[1]} against {nb.shape[1]})")
+    rng = np.random.default_rng(seed)
+    m, j = na.shape
+    s_idx = rng.integers(0, m, size=(boot, m))[:, :, None]
+    j_idx = rng.integers(0, j, size=(boot, m, j))
+
+    def tau(n, f):
+        return n[s_idx, j_idx].sum((1, 2)) / np.maximum(f[s_idx, j_idx].sum((1, 2)), 1)
+    d = tau(nb, fb) - tau(na, fa)
+    point = float(nb.sum() / fb.sum() - na.sum() / fa.sum())
+    lo, hi = np.quantile(d, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    p = min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean()))
+    return {"point": point, "lo": float(lo), "hi": float(hi), "se": float(d.std()),
+            "p": float(max(p, 1.0 / boot)), "seeds": len(seeds), "scenes": j}
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p values, in the order given."""
+    order = np.argsort(ps)
+    m, out, running = len(ps), [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def verdicts(tests: list[dict], alpha: float = 0.05) -> list[dict]:
+    """Each test (hierarchical_diff's dict, the claim predicting a positive difference) with its
+    Holm-adjusted p over the family, the effect it could have detected (80 % power at the family's
+    strictest level alpha / m: (z + z_power) x se) and a verdict: "holds" (adjusted p < alpha and a
+    positive difference), "does not hold" (adjusted p < alpha and a negative one), else "not
+    resolved at this power"."""
+    adjusted = holm([t["p"] for t in tests])
+    z = _z(1 - alpha / (2 * max(len(tests), 1)))
+    out = []
+    for t, p in zip(tests, adjusted):
+        verdict = ("holds" if t["point"] > 0 else "does not hold") if p < alpha else "not resolved at this power"
+        out.append({**t, "p_holm": p, "detectable": (z + POWER_Z) * t["se"], "verdict": verdict})
+    return out

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The runs behind docs/claims.md (`make claims`): three seeds of every distilled draft, AARL on each
+# The runs behind docs/claims.md (`make claims`): five seeds of every distilled draft, AARL on each
 # flat seed with the shipped recipe, and the reward-weight x KL ablation of AARL with the action
 # reward on what one verify pass lets through (action_on: one_pass), then the evaluation.
 # A stage is skipped only when its draft's meta.json records the current target's weights
@@ -8,8 +8,8 @@ set -euo pipefail
 PY=${PY:-.venv/bin/python}
 TARGET=runs/sft-tiny/ckpt
 current() { $PY -m train.ckpt "$1" $TARGET; }
-current runs/claims-distill/flat-standalone-s2/ckpt/draft-flat-standalone && \
-current runs/claims-distill/mrope-standalone-s2/ckpt/draft-mrope-standalone || \
+current runs/claims-distill/flat-standalone-s4/ckpt/draft-flat-standalone && \
+current runs/claims-distill/mrope-standalone-s4/ckpt/draft-mrope-standalone || \
   $PY -m tools.cli train distill --config configs/train/distill-claims.yaml
 aarl() {  # NAME SEED [overrides...]
   local name=$1 seed=$2; shift 2
@@ -18,7 +18,7 @@ aarl() {  # NAME SEED [overrides...]
     --set draft=runs/claims-distill/flat-s$seed/ckpt/draft-flat --set run.seed=$seed \
     --set run.out=runs/claims-aarl/$name "$@"
 }
-for s in 0 1 2; do aarl rollout-s$s $s; done
+for s in 0 1 2 3 4; do aarl rollout-s$s $s; done
 aarl onepass-aw1-kl0.1 0 --set action_on=one_pass
 aarl onepass-aw4-kl0.1 0 --set action_on=one_pass --set action_weight=4.0
 aarl onepass-aw0-kl0.1 0 --set action_on=one_pass --set action_weight=0.0
