@@ -29,7 +29,7 @@ help:
 	@echo "make test     install into .venv if needed, check import contracts and Python 3.10, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~100 min on 2 CPU cores)"
 	@echo "make train-causal  the same target in the HF causal image layout -> runs/tiny-causal (for Edge-LLM, TensorRT-LLM)"
-	@echo "make claims   the seed paper's claims measured with seeds and intervals -> docs/claims-data.md"
+	@echo "make claims   the seed paper's claims measured with five seeds and seed-level intervals -> docs/claims-data.md"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
 	@echo "make engines-cpu  export the shipped checkpoint to ONNX (-> build/engines/tiny-ort) for --engines"
@@ -108,9 +108,9 @@ train-causal: $(STAMP)
 	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml --set planner=runs/tiny-causal \
 		--set out=runs/eval-causal-val/metrics.json
 
-# The seed paper's claims on world v2 (docs/claims.md): three seeds of every draft variant, AARL
-# runs and its reward x KL ablation, then one evaluation with intervals (~60 min on 2 CPU cores;
-# needs data/scenes and runs/sft-tiny from `make train`).
+# The seed paper's claims on world v2 (docs/claims.md): five seeds of every draft variant and of
+# AARL's shipped recipe, then one evaluation on 200 scenes per split with seed-level intervals
+# (~100 min on 2 CPU cores; needs data/scenes and runs/sft-tiny from `make train`).
 claims: $(STAMP)
 	PY=$(PY) bash configs/train/claims.sh
 
