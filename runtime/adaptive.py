@@ -1,50 +1,110 @@
 """Measured step costs and the adaptive draft length.
 
-With per-token acceptance rate a (each draft token accepted independently with prob a, the
-model of Leviathan et al.), a step of draft length k emits on average
-    E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)
-tokens and costs C(k) = k * c_draft + c_verify(k + 1), so the adaptive policy picks
+A step of draft length k emits E(k) = 1 + S(1) + ... + S(k) tokens on average, where S(j) is the
+probability that the first j draft tokens are accepted, and costs C(k) = k * c_draft +
+c_verify(k + 1); the adaptive policy picks
     k* = argmax_{1 <= k <= k_max} E(k) / C(k)
-from a running estimate of a and the measured costs (runtime.budget.CostModel, which also
-gives the budget its worst cases).
+from the measured costs (runtime.budget.CostModel, which also gives the budget its worst cases)
+and a running estimate of S.
+
+S comes from the accepted runs of earlier steps, as a life table (Kaplan-Meier): a step that
+accepted n < k tokens is a run that ended at position n + 1, one that accepted all k a run of at
+least k (censored there). The hazard h(j) = P(token j + 1 rejected | the first j accepted) is
+ended(j) / at_risk(j), shrunk towards the pooled per-token rejection rate where a position has few
+steps, and S(j) = (1 - h(0)) ... (1 - h(j - 1)). With one hazard at every position this is the
+geometric model of Leviathan et al., E(k) = (1 - a^(k+1)) / (1 - a). Acceptance in a reasoning
+text comes in runs (long routine stretches, misses at the commitment), and the geometric model
+then undervalues long k; the life table does not assume a shape.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from runtime.budget import CostModel, tree_key
+from runtime.budget import CostModel, overhead_key, tree_key
+from runtime.config import K_MAX_LIMIT
+
+
+AT_EDGES = (8, 16, 32)     # a step's offset in its phase (tokens emitted before it): 4 life tables
 
 
 class AcceptanceRate:
-    """Per-token acceptance rate from the accepted counts: a = accepted / (accepted + rejections),
-    the maximum-likelihood estimate of the geometric model, with a weak Beta(1, 1) prior and
-    exponential forgetting so it follows the scene."""
+    """Accepted-run lengths of draft proposals as censored life tables, one per stretch of the
+    phase a step starts in (its offset `at`: tokens emitted before it in this phase, in buckets
+    split at AT_EDGES), with exponential forgetting so they follow the scene. A position forgets
+    only when a step reaches it: the evidence that long proposals fail late in a phase is kept
+    while short ones are drafted there, not faded by steps that never get that far. A reasoning text is routine wording first and the commitment after, so where a
+    step starts says much about how long its run will be.
 
-    def __init__(self, decay: float = 0.95):
-        self.decay, self.accepted, self.trials = decay, 0.0, 0.0
+    `value` is the pooled per-token acceptance rate a = accepted / (accepted + rejections) with a
+    Beta(1, 1) prior (the geometric model's maximum-likelihood estimate); `expected(k, at)` is
+    E(k) from the step's table. Shrinkage: each position's hazard in a table carries `prior`
+    pseudo-steps at the same position's hazard over all tables, which carries `prior` pseudo-steps
+    at the pooled rate; so a table or a position with few steps (longer than any k tried yet)
+    follows the others, and, with none, the geometric model."""
 
-    def observe(self, k: int, n: int) -> None:
+    def __init__(self, decay: float = 0.95, prior: float = 2.0, positions: int = K_MAX_LIMIT):
+        self.decay, self.prior = decay, prior
+        # [table, j]: steps that proposed token j + 1 with the first j accepted; of those, the ones
+        # whose token j + 1 was rejected
+        self.at_risk = np.zeros((len(AT_EDGES) + 1, positions))
+        self.ended = np.zeros((len(AT_EDGES) + 1, positions))
+        self._hazards = None
+
+    @staticmethod
+    def table(at: int) -> int:
+        return int(np.searchsorted(AT_EDGES, at, side="right"))
+
+    def observe(self, k: int, n: int, at: int = 0) -> None:
         if k == 0:
             return
-        self.accepted = self.decay * self.accepted + n
-        self.trials = self.decay * self.trials + n + (1 if n < k else 0)
+        if not 0 <= n <= k <= self.at_risk.shape[1]:
+            raise ValueError(f"a step of draft length k={k} accepted n={n}; allowed 0 <= n <= k <= "
+                             f"{self.at_risk.shape[1]}")
+        t, reached = self.table(at), min(n, k - 1) + 1
+        self.at_risk[t, :reached] = self.decay * self.at_risk[t, :reached] + 1.0
+        self.ended[t, :reached] *= self.decay
+        if n < k:
+            self.ended[t, n] += 1.0
+        self._hazards = None
 
     @property
     def value(self) -> float:
-        return (self.accepted + 1.0) / (self.trials + 2.0)
+        rejected, trials = self.ended.sum(), self.at_risk.sum()
+        return (trials - rejected + 1.0) / (trials + 2.0)
+
+    def hazards(self, at: int = 0) -> np.ndarray:
+        """h(j) = P(draft token j + 1 rejected | the first j accepted), j = 0..positions-1, for a
+        step starting at offset `at`."""
+        if self._hazards is None:
+            pooled = 1.0 - self.value
+            pos = (self.ended.sum(0) + self.prior * pooled) / (self.at_risk.sum(0) + self.prior)
+            self._hazards = (self.ended + self.prior * pos) / (self.at_risk + self.prior)
+        return self._hazards[self.table(at)]
+
+    def expected(self, k: int, at: int = 0) -> float:
+        """E(k): tokens a step of draft length k starting at offset `at` emits (accepted draft
+        tokens + the target's one)."""
+        return 1.0 + float(np.cumprod(1.0 - self.hazards(at)[:k]).sum())
 
 
 def expected_tokens(a: float, k: int) -> float:
-    """E(k) = (1 - a^(k+1)) / (1 - a): tokens emitted by a step of draft length k."""
+    """The geometric model's E(k) = (1 - a^(k+1)) / (1 - a) (every position's hazard 1 - a)."""
     if a >= 1.0:
         return k + 1.0
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def best_k(a: float, costs: CostModel, k_max: int, pending: int = 1, draft: bool = True) -> int:
-    """argmax over k in 1..k_max of E(k) / C(k) (tokens per ms); draft=False: proposals that cost
-    no draft step (lookup), C(k) = c_verify(k + 1)."""
-    rates = [expected_tokens(a, k) / max(costs.step_expected(k, pending, draft), 1e-9) for k in range(1, k_max + 1)]
+def best_k(rate: "AcceptanceRate | float", costs: CostModel, k_max: int, pending: int = 1,
+           draft: bool = True, at: int = 0) -> int:
+    """argmax over k in 1..k_max of E(k) / C(k) (tokens per ms), E from the life table of `rate`
+    for a step at offset `at` (or the geometric model of a float a); draft=False: proposals that
+    cost no draft step (lookup), C(k) = c_verify(k + 1)."""
+    if isinstance(rate, AcceptanceRate):
+        curve = 1.0 + np.cumsum(np.cumprod(1.0 - rate.hazards(at)[:k_max]))
+        tokens = lambda k: curve[k - 1]     # noqa: E731
+    else:
+        tokens = lambda k: expected_tokens(rate, k)     # noqa: E731
+    rates = [tokens(k) / max(costs.step_expected(k, pending, draft), 1e-9) for k in range(1, k_max + 1)]
     return 1 + int(np.argmax(rates))
 
 
@@ -63,6 +123,7 @@ class StepPolicy:
         # cap_tree(shape, pending) -> shape | None (the budget's check of the whole tree)
         self.tree, self.cap_tree = tree, cap_tree
         self.tree_tau = tree_tau or TreeTau()
+        self.at = 0        # tokens this phase's steps have emitted: the next step's offset
 
     def next_k(self, pending: int, free: bool = False, trees: bool = False):
         """free: a lookup proposal waits: k by its own acceptance rate at no draft cost (fixed-k
@@ -79,10 +140,15 @@ class StepPolicy:
                 return self.cap(k, pending) if self.cap else k
         if free:
             keep = self.k and not self.adaptive
-            k = self.k if keep else best_k(self.free_rate.value, self.costs, self.k_max, pending, draft=False)
+            k = self.k if keep else best_k(self.free_rate, self.costs, self.k_max, pending, draft=False, at=self.at)
             return self.cap(k, pending, free=True) if self.cap else k
-        k = best_k(self.rate.value, self.costs, self.k_max, pending) if self.adaptive else self.k
+        k = best_k(self.rate, self.costs, self.k_max, pending, at=self.at) if self.adaptive else self.k
         return self.cap(k, pending) if self.cap else k
+
+    def observe_overhead(self, ms: float, shape=None) -> None:
+        """What a step cost besides its draft and verify calls (acceptance, cache bookkeeping), a
+        chain's or the tree `shape`'s: the choice and the budget price every step with it."""
+        self.costs.observe(overhead_key(shape), ms)
 
     def observe_search(self, ms: float) -> None:
         """One lookup search took `ms` (the budget prices the next ones by it)."""
@@ -90,41 +156,73 @@ class StepPolicy:
 
     def tree_wins(self, pending: int) -> bool:
         """Adaptive: the tree's measured tokens per step over its cost (its measured draft time, the
-        verify of its width) against the best chain's E(k) / C(k). Until the tree has been
-        measured (and every 8th tree-eligible step after, to keep measuring) the tree is taken."""
+        verify of its width) against the best chain's E(k) / C(k). The tree is taken until it has
+        been measured twice, then a chain until one has been measured; after that, where it loses, it is still taken now and then to keep its
+        measurement current: 8 tree-eligible steps after a win, and after each look that it lost
+        twice as long as before (16, 32, ... at most 256 steps), so a tree that does not pay on
+        this backend costs little."""
         tau = self.tree_tau
-        if tau.steps < 2 or tau.asked % 8 == 0:
-            tau.asked += 1
-            return True
         tau.asked += 1
-        a = self.rate.value
-        k = best_k(a, self.costs, self.k_max, pending)
-        chain = expected_tokens(a, k) / max(self.costs.step_expected(k, pending), 1e-9)
-        tree = tau.value / max(self.costs.tree_expected(self.tree, pending), 1e-9)
-        return tree >= chain
+        if tau.steps < 2:
+            return True
+        if "draft" not in self.costs.mean:      # no chain step measured yet: one is, before comparing
+            return False
+        k = best_k(self.rate, self.costs, self.k_max, pending, at=self.at)
+        chain = self.rate.expected(k, self.at) / max(self.costs.step_expected(k, pending), 1e-9)
+        tree = tau.tokens(self.at) / max(self.costs.tree_expected(self.tree, pending), 1e-9)
+        if tree >= chain:
+            tau.lost, tau.next_look = 0, tau.asked + 8
+            return True
+        if tau.asked >= tau.next_look:
+            tau.lost += 1
+            tau.next_look = tau.asked + 8 * 2 ** min(tau.lost, 5)
+            return True
+        return False
+
+    def observe_chain(self, k: int, n: int) -> None:
+        """A tree step's greedy line, k deep, of which the target accepted n (runtime.tree.greedy_run):
+        what a chain of k would have had accepted there, to the chain's life table (at this step's
+        offset: call before observe_tree). So the chain is measured while the tree is chosen."""
+        if k:
+            self.rate.observe(k, n, self.at)
 
     def observe_tree(self, shape, n: int, emitted: int, draft_ms: float, verify_ms: float, width: int) -> None:
         """A tree step: its tokens and draft time to the tree's own record, its verify pass to the
-        cost model (the budget's worst case of that width), the accepted depth to the rate."""
-        self.tree_tau.observe(emitted)
+        cost model (the budget's worst case of that width). The tree's accepted depth is not a
+        chain's run; observe_chain gives the chain's."""
+        self.tree_tau.observe(emitted, self.at)
+        self.at += emitted
         self.costs.observe(tree_key(shape), draft_ms)
         self.costs.observe(("verify", width), verify_ms)
 
     def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int,
                 free: bool = False) -> None:
-        (self.free_rate if free else self.rate).observe(k, n)
+        (self.free_rate if free else self.rate).observe(k, n, self.at)
+        self.at += n + 1
         if k and not free:
             self.costs.observe("draft", draft_ms / k)
         self.costs.observe(("verify", width), verify_ms)
 
 
 class TreeTau:
-    """Running mean (exponential forgetting) of the tokens a tree step emits."""
+    """Running mean (exponential forgetting) of the tokens a tree step emits, per stretch of the
+    phase (AcceptanceRate's tables); a stretch with no tree step yet takes the mean over all."""
 
     def __init__(self, decay: float = 0.9):
         self.decay, self.steps, self.asked, self.value = decay, 0, 0, 0.0
+        self.per = np.zeros(len(AT_EDGES) + 1)
+        self.seen = np.zeros(len(AT_EDGES) + 1, int)
+        self.lost, self.next_look = 0, 8       # tree_wins' looks at a tree that loses
 
-    def observe(self, emitted: int) -> None:
+    def observe(self, emitted: int, at: int = 0) -> None:
         w = 1.0 if self.steps == 0 else 1.0 - self.decay
         self.value += w * (emitted - self.value)
         self.steps += 1
+        t = AcceptanceRate.table(at)
+        w = 1.0 if self.seen[t] == 0 else 1.0 - self.decay
+        self.per[t] += w * (emitted - self.per[t])
+        self.seen[t] += 1
+
+    def tokens(self, at: int = 0) -> float:
+        t = AcceptanceRate.table(at)
+        return float(self.per[t]) if self.seen[t] else self.value

@@ -37,6 +37,12 @@ def tree_key(shape) -> str:
     return f"tree_draft:{shape}"
 
 
+def overhead_key(shape=None) -> str:
+    """CostModel key of what a step costs besides its draft and verify calls (acceptance, cache
+    bookkeeping, the loop): 'overhead' for a chain step, 'overhead:N,d,K' for a tree's."""
+    return "overhead" if shape is None else f"overhead:{shape}"
+
+
 def wall_ms() -> float:
     """Monotonic clock in ms (the default)."""
     return time.perf_counter() * 1e3
@@ -60,7 +66,8 @@ class FakeClock:
 class CostModel:
     """Per-op costs in ms: a running mean (for speed) and an ageing peak (for worst cases).
 
-    Keys: "draft" (one draft step), ("verify", width), "vision", "prefill", "trajectory",
+    Keys: "draft" (one draft step), ("verify", width), "overhead" (a step's cost besides its
+    draft and verify calls; overhead_key), "vision", "prefill", "trajectory",
     "lookup" (one lookup search: with `searches`, every step's cost carries the search that
     precedes the next step, so the budget keeps room for it). Unmeasured verify widths are
     extrapolated linearly from the measured ones."""
@@ -69,6 +76,7 @@ class CostModel:
         self.cfg, self.ema, self.searches = cfg, ema, bool(searches)
         self.mean: dict = {}
         self.peak: dict = {}
+        self.count: dict = {}      # observations per key (weights of the verify line)
         self._fits: dict = {}      # (table name, width) -> extrapolation; cleared on every change
 
     def observe(self, key, ms: float) -> None:
@@ -76,6 +84,7 @@ class CostModel:
         old = self.mean.get(key)
         self.mean[key] = ms if old is None else (1 - self.ema) * old + self.ema * ms
         self.peak[key] = max(self.peak.get(key, ms), ms)
+        self.count[key] = self.count.get(key, 0) + 1
         self._fits.clear()
 
     def age(self) -> None:
@@ -87,7 +96,7 @@ class CostModel:
 
     def reset(self) -> None:
         """Forget every measurement (after a warm-up cycle): the priors apply again."""
-        self.mean.clear(), self.peak.clear(), self._fits.clear()
+        self.mean.clear(), self.peak.clear(), self.count.clear(), self._fits.clear()
 
     def prior(self, key) -> float:
         c = self.cfg
@@ -95,6 +104,8 @@ class CostModel:
             return c.prior_verify_ms + c.prior_verify_per_token_ms * (key[1] - 1)
         if isinstance(key, str) and key.startswith("tree_draft:"):    # depth x a draft step
             return int(key.split(",")[1]) * self.worst("draft")
+        if isinstance(key, str) and key.startswith("overhead"):       # until measured: none
+            return 0.0
         return {"draft": c.prior_draft_step_ms, "vision": c.prior_vision_ms, "prompt": c.prior_prompt_ms,
                 "prefill": c.prior_prefill_ms, "trajectory": c.prior_trajectory_ms, "lookup": c.prior_lookup_ms}[key]
 
@@ -119,22 +130,52 @@ class CostModel:
         """draft=False: a lookup proposal, no draft step (only the verify pass costs); with
         `searches` the next step's lookup search is part of this one's cost."""
         search = self.worst("lookup") if self.searches else 0.0
-        return k * self.worst("draft") * draft + self.worst(("verify", pending + k)) + search
+        return k * self.worst("draft") * draft + self.worst(("verify", pending + k)) + search + self.worst("overhead")
 
     def step_expected(self, k: int, pending: int = 1, draft: bool = True) -> float:
+        """The expected cost of a step, for choosing one (the adaptive policy): the verify pass from
+        verify_line, not from that width's own running mean."""
         search = self.expected("lookup") if self.searches else 0.0
-        return k * self.expected("draft") * draft + self.expected(("verify", pending + k)) + search
+        return k * self.expected("draft") * draft + self.verify_line(pending + k) + search + self.expected("overhead")
+
+    def verify_line(self, width: int) -> float:
+        """A verify pass of `width` from a line through every measured width's mean (least squares,
+        each width weighted by the square root of its count, slope >= 0); with one width measured,
+        that width's mean for every width (optimistic: the next choice measures another), with
+        none, the prior. A running mean of one width moves
+        with every noisy pass; a choice between widths made from those means follows the noise (one
+        lucky pass makes a width look cheap and then it is chosen every step), the line does not.
+        Where a backend's cost steps with width (GPU tiles) the line smooths the steps away; the
+        budget's worst cases keep each width's own peak."""
+        if ("line", width) not in self._fits:
+            widths = sorted(k[1] for k in self.mean if isinstance(k, tuple) and k[0] == "verify")
+            if not widths:
+                value = self.expected(("verify", width))
+            elif len(widths) == 1:      # flat from the one measured: optimistic, so a wider one gets tried
+                value = self.mean[("verify", widths[0])]
+            else:
+                xs = np.array(widths, float)
+                ys = np.array([self.mean[("verify", w)] for w in widths])
+                ws = np.sqrt([self.count.get(("verify", w), 1) for w in widths])
+                slope, icpt = np.polyfit(xs, ys, 1, w=ws)
+                if slope < 0:
+                    slope, icpt = 0.0, float(np.average(ys, weights=ws ** 2))
+                value = float(icpt + slope * width)
+            self._fits[("line", width)] = value
+        return self._fits[("line", width)]
 
     def tree_worst(self, shape, pending: int = 1) -> float:
         """A token tree's step (runtime/tree.py): its whole draft (measured per shape; before that
         depth x a draft step) and the verify pass of pending + nodes tokens (and, with `searches`,
         the next step's lookup search)."""
         search = self.worst("lookup") if self.searches else 0.0
-        return self.worst(tree_key(shape)) + self.worst(("verify", pending + shape.nodes)) + search
+        return self.worst(tree_key(shape)) + self.worst(("verify", pending + shape.nodes)) + search \
+            + self.worst(overhead_key(shape))
 
     def tree_expected(self, shape, pending: int = 1) -> float:
         search = self.expected("lookup") if self.searches else 0.0
-        return self.expected(tree_key(shape)) + self.expected(("verify", pending + shape.nodes)) + search
+        return self.expected(tree_key(shape)) + self.verify_line(pending + shape.nodes) + search \
+            + self.expected(overhead_key(shape))
 
     def premise(self, cfg: BudgetConfig) -> dict:
         """W(prompt) + W(vision) + W(prefill) + W(trajectory) + margin against the budget (ms)."""

@@ -28,7 +28,7 @@ from runtime.acceptance import accept_greedy, accept_relaxed, accept_sampling, p
 from runtime.backend import DraftSampling, PrefillInputs
 from runtime.budget import wall_ms
 from runtime.trace import span
-from runtime.tree import TreeShape, accept_greedy_tree, fed_prefix, layout
+from runtime.tree import TreeShape, accept_greedy_tree, fed_prefix, greedy_run, layout
 
 class GreedyRule:
     """Exact greedy: output identical to plain greedy decoding of the target."""
@@ -242,6 +242,8 @@ def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, s
     _count(stats, k, n, len(emitted), t1 - t0, t2 - t1, source)
     if observer is not None:
         observer(StepRecord(k, draft, n, len(pending) + k, t1 - t0, t2 - t1, source))
+    if hasattr(policy, "observe_overhead"):
+        policy.observe_overhead(clock() - t2)
 
 
 def tree_fits(backend, state: DecodeState, shape: TreeShape, room: int) -> bool:
@@ -285,6 +287,8 @@ def step_tree(backend, state: DecodeState, policy, shape: TreeShape, stops: set,
     last = path[-1] if path else -1     # the judged path: accepted nodes, then the best child there
     child = next((i for i in range(len(tree)) if tree.parents[i] == last), None)
     judged = [int(tree.tokens[i]) for i in path] + ([] if child is None else [int(tree.tokens[child])])
+    if hasattr(policy, "observe_chain"):     # the greedy chain this tree step stands for
+        policy.observe_chain(*greedy_run(tree, path))
     policy.observe_tree(shape, n, len(emitted), t1 - t0, t2 - t1, P + len(tree))
     _count(stats, len(judged), n, len(emitted), t1 - t0, t2 - t1)
     stats.trees += 1
@@ -292,6 +296,8 @@ def step_tree(backend, state: DecodeState, policy, shape: TreeShape, stops: set,
     if observer is not None:
         observer(StepRecord(len(judged), np.asarray(judged, np.int64), n, P + len(tree), t1 - t0, t2 - t1,
                             "model", len(tree)))
+    if hasattr(policy, "observe_overhead"):
+        policy.observe_overhead(clock() - t2, shape)
 
 
 def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, verify_ms: float,

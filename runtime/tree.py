@@ -141,6 +141,25 @@ def accept_greedy_tree(tree: Tree, argmax: np.ndarray) -> tuple[list[int], int]:
         node = nxt
 
 
+def greedy_run(tree: Tree, path: list[int]) -> tuple[int, int]:
+    """(L, n): the draft's greedy line in the tree (from the root, each node's first child: its
+    most likely, nodes being ordered by score within a depth) is L deep, and the accepted path
+    follows it for its first n nodes. That is what a chain of k = L greedy drafts, the tokens of
+    that line, would have had accepted at this step: rejected at token n + 1 where n < L, all L
+    accepted where n = L. A tree step thus measures the chain it competes with."""
+    first: dict[int, int] = {}
+    for i in range(len(tree)):
+        first.setdefault(int(tree.parents[i]), i)
+    line, node = [], -1
+    while node in first:
+        node = first[node]
+        line.append(node)
+    n = 0
+    while n < min(len(line), len(path)) and path[n] == line[n]:
+        n += 1
+    return len(line), n
+
+
 def select(scores: np.ndarray, depths: np.ndarray, n: int) -> np.ndarray:
     """Indices of the n best candidates by score (higher first; ties: the shallower, then the
     earlier). A child's score is its parent's plus a log-probability (<= 0) and it is deeper, so

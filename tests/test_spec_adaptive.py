@@ -1,5 +1,6 @@
 """Adaptive draft length: the expected-tokens model, the acceptance-rate estimate, the choice."""
 import numpy as np
+import pytest
 
 from runtime.adaptive import AcceptanceRate, CostModel, StepPolicy, best_k, expected_tokens
 from runtime.config import BudgetConfig
@@ -57,3 +58,105 @@ def test_the_policy_learns_from_measured_steps():
     assert policy.next_k(1) > first and policy.next_k(1) == 8
     capped = StepPolicy(model, k=6, adaptive=False, k_max=8, cap=lambda k, pending: min(k, 2))
     assert capped.next_k(1) == 2
+
+
+def bursty_step(rng, k, p_long=0.6):
+    """Acceptance in runs, as a reasoning text has it: with prob p_long the step is inside a long
+    routine stretch (every draft token accepted), else it meets a near-tie within 2 tokens."""
+    run = 10**6 if rng.random() < p_long else int(rng.integers(0, 3))
+    return min(run, k)
+
+
+def test_the_life_table_recovers_bursty_runs_that_the_geometric_model_undervalues():
+    rng = np.random.default_rng(2)
+    rate = AcceptanceRate(decay=1.0)
+    for _ in range(4000):
+        k = int(rng.integers(1, 9))                # censored at assorted k, as an adaptive run is
+        rate.observe(k, bursty_step(rng, k))
+    true = {k: np.mean([bursty_step(rng, k) + 1 for _ in range(20000)]) for k in range(1, 9)}
+    for k in (2, 5, 8):
+        assert abs(rate.expected(k) - true[k]) < 0.1
+    # the geometric model with the same pooled rate overvalues short steps and undervalues long ones
+    assert expected_tokens(rate.value, 2) > true[2] + 0.05 and expected_tokens(rate.value, 8) < true[8] - 0.1
+    # so where a draft step costs a fifth of a verify pass it stops short of the best k; the life
+    # table picks the brute-force optimum of the true tokens per ms
+    model = costs(2.0, 10.0, 0.2)
+    best = 1 + int(np.argmax([true[k] / model.step_expected(k) for k in range(1, 9)]))
+    assert best_k(rate, model, 8) == best and best_k(rate.value, model, 8) < best
+
+
+def test_the_life_table_is_the_geometric_model_when_acceptance_is_independent():
+    rng = np.random.default_rng(3)
+    rate = AcceptanceRate(decay=1.0)
+    for _ in range(6000):
+        k = int(rng.integers(1, 9))
+        rate.observe(k, simulate_step(rng, 0.8, k))
+    for k in (1, 4, 8):
+        assert abs(rate.expected(k) - expected_tokens(0.8, k)) < 0.1
+
+
+def test_positions_no_step_reached_follow_the_pooled_rate_and_bad_counts_are_refused():
+    rate = AcceptanceRate(decay=1.0)
+    for _ in range(50):
+        rate.observe(2, 2)                         # never proposed past position 2
+    h = rate.hazards()
+    assert h[5] == pytest.approx(1.0 - rate.value) and h[0] < h[5]
+    with pytest.raises(ValueError, match="allowed 0 <= n <= k"):
+        rate.observe(3, 4)
+
+
+def test_where_a_step_starts_in_the_phase_picks_its_table():
+    """Routine wording first (long runs), the commitment after (runs end early): the policy, which
+    counts the tokens its steps emitted, drafts long at the start of a phase and short later.
+    One table for every offset would choose one k for both."""
+    rng = np.random.default_rng(4)
+    model = costs(2.0, 10.0, 0.2)
+    rate = AcceptanceRate()
+    early, late = [], []
+    for _ in range(40):                           # 40 phases of 48 tokens
+        policy = StepPolicy(model, k=4, adaptive=True, k_max=8, rate=rate)
+        while policy.at < 48:
+            k = policy.next_k(1)
+            (early if policy.at < 16 else late).append(k)
+            n = min(k, 10**6 if policy.at < 16 else int(rng.integers(0, 2)))
+            policy.observe(k, n, draft_ms=2.0 * k, verify_ms=10.0 + 0.2 * (k + 1), width=k + 1)
+    assert rate.expected(8, at=0) > 8.5 and abs(rate.expected(1, at=40) - 1.5) < 0.2
+    # late steps draft 1-2 tokens; now and then one probes long again (the evidence at positions
+    # a short k never reaches fades, and the other tables' long runs pull it up) and is corrected
+    assert np.mean(early[-20:]) == 8 and np.median(late[-40:]) <= 2 and sum(k > 2 for k in late[-40:]) <= 6
+
+
+def test_one_lucky_verify_pass_does_not_steer_the_choice():
+    """Verify costs are noisy per pass; the choice prices widths by a line through all of them, so
+    a width measured once on a quiet moment is not taken for cheap at every step after."""
+    model = costs(5.0, 10.0, 0.2)
+    model.observe("draft", 1.0)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        for w in (2, 5, 9):
+            model.observe(("verify", w), 10.0 + 0.2 * w + rng.normal(0, 0.3))
+    model.observe(("verify", 8), 4.0)                  # one pass of width 8, on a quiet moment
+    assert model.expected(("verify", 8)) < model.expected(("verify", 5))   # its own mean: cheapest
+    assert abs(model.step_expected(7) - (7 * 1.0 + 10.0 + 0.2 * 8)) < 1.0
+    rate = AcceptanceRate(decay=1.0)
+    for _ in range(200):
+        rate.observe(8, 3)                             # runs end at the fourth token
+    assert best_k(rate, model, 8) == 3
+    one = costs(5.0, 10.0, 3.0)                        # a steep prior slope, one width measured
+    one.observe(("verify", 2), 9.0)
+    assert one.step_expected(8, draft=False) == 9.0    # flat from it: a wider step gets tried
+
+
+def test_what_a_step_costs_besides_its_calls_favours_longer_steps():
+    """Acceptance and cache bookkeeping cost every step the same, whatever its k: a policy blind
+    to it drafts too short. The loop reports it (observe_overhead) and the choice prices it."""
+    rate = AcceptanceRate(decay=1.0)
+    rng = np.random.default_rng(6)
+    for _ in range(3000):
+        k = int(rng.integers(1, 9))
+        rate.observe(k, simulate_step(rng, 0.75, k))
+    policy = StepPolicy(costs(1.5, 10.0, 0.2), k=4, adaptive=True, k_max=8, rate=rate)
+    blind = policy.next_k(1)
+    policy.observe_overhead(15.0)
+    assert policy.costs.step_expected(4) == pytest.approx(4 * 1.5 + 10.0 + 0.2 * 4 + 15.0)
+    assert policy.next_k(1) > blind

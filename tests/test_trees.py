@@ -17,7 +17,7 @@ from runtime.budget import CostModel
 from runtime.config import BudgetConfig, SpecConfig
 from runtime.backend import PrefillInputs
 from runtime.loop import DecodeState, GreedyRule, decode, generate
-from runtime.tree import Tree, TreeBuilder, TreeShape, accept_greedy_tree, chain_tree, layout
+from runtime.tree import Tree, TreeBuilder, TreeShape, accept_greedy_tree, chain_tree, greedy_run, layout
 from tiny_torch import V, build, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -341,8 +341,9 @@ def test_the_adaptive_choice_takes_the_tree_only_when_its_measured_rate_wins():
         shape = TreeShape(16, 4, 4)
         costs.observe(tree_key(shape), 6.0)
         p = StepPolicy(costs, 4, True, 8, tree=shape)
-        for _ in range(10):
-            p.rate.observe(4, 2)            # a = 2/3: the best chain gives ~2.4 tokens per ~9 ms
+        for n in (0, 1) * 5:
+            p.rate.observe(4, n)            # runs end at the first or second token: the best
+                                            # chain gives ~1.5 tokens per ~6 ms
             p.tree_tau.observe(tree_tokens)
         p.tree_tau.asked = 1                # past the first measuring steps, not a re-measuring one
         return p, shape
@@ -350,3 +351,45 @@ def test_the_adaptive_choice_takes_the_tree_only_when_its_measured_rate_wins():
     assert p.next_k(1, trees=True) == shape
     p, shape = policy(1.2)                  # 1.2 tokens per 12.7 ms does not
     assert isinstance(p.next_k(1, trees=True), int)
+
+
+def test_a_tree_that_keeps_losing_is_looked_at_less_and_less_and_a_winner_every_step():
+    from runtime.budget import tree_key
+
+    def policy(tree_tokens: float):
+        costs = CostModel(BudgetConfig())
+        costs.observe("draft", 1.0)
+        for w in range(1, 18):
+            costs.observe(("verify", w), 5.0 + 0.1 * w)
+        shape = TreeShape(16, 4, 4)
+        costs.observe(tree_key(shape), 6.0)
+        p = StepPolicy(costs, 4, True, 8, tree=shape)
+        for n in (0, 1) * 5:
+            p.rate.observe(4, n)
+        return p, shape
+
+    p, shape = policy(1.2)                  # loses to the chain
+    looks = []
+    for ask in range(300):
+        if p.next_k(1, trees=True) == shape:
+            looks.append(ask)
+            p.tree_tau.observe(1.2)
+    # two measuring steps, then looks 8, 16, 32, 64, 128 and 256 asks apart at most
+    assert looks[:2] == [0, 1] and len(looks) <= 2 + 6
+    gaps = np.diff(looks[2:])
+    assert len(gaps) >= 3 and all(b > a for a, b in zip(gaps, gaps[1:]))
+    p, shape = policy(4.5)                  # wins: taken every step
+    assert all(p.next_k(1, trees=True) == shape for _ in range(50))
+
+
+def test_a_tree_step_measures_the_greedy_chain_it_competes_with():
+    # depth 1: a (the root's most likely), b; depth 2: c, d under a (c first), e under b; depth 3: f under c
+    tree = Tree(np.array([10, 11, 12, 13, 14, 15]), np.array([-1, -1, 0, 0, 1, 2]),
+                np.array([1, 1, 2, 2, 2, 3]), np.full(6, -1))
+    assert greedy_run(tree, [0, 2, 5]) == (3, 3)     # the whole line: a chain of 3 accepts all
+    assert greedy_run(tree, [0, 3]) == (3, 1)        # leaves it at depth 2: rejected at token 2
+    assert greedy_run(tree, [1, 4]) == (3, 0)
+    assert greedy_run(tree, []) == (3, 0)
+    policy = StepPolicy(CostModel(BudgetConfig()), 4, True, 8, tree=TreeShape(6, 3, 2))
+    policy.observe_chain(*greedy_run(tree, [0, 3]))
+    assert policy.rate.at_risk[0, :3].tolist() == [1.0, 1.0, 0.0] and policy.rate.ended[0, 1] == 1.0
