@@ -98,3 +98,37 @@ def test_holm_and_the_verdicts():
                                          "not resolved at this power"]
     assert [t["p_holm"] for t in v] == pytest.approx([0.004, 0.006, 0.06, 0.2])
     assert v[0]["detectable"] == pytest.approx((2.498 + 0.8416) * 0.1, abs=0.01)     # z(1 - 0.05 / 8)
+
+
+def test_one_group_against_a_papers_number_and_a_mean_difference():
+    rng = np.random.default_rng(1)
+    runs = _seeded(5.5, 0.2, rng)
+    t = claims.hierarchical_tau(runs, null=4.6)
+    assert t["lo"] < 5.5 < t["hi"] and t["lo"] > 4.6 and t["p"] < 0.01
+    assert claims.hierarchical_tau(runs, null=5.5)["p"] > 0.05
+    other = {s: {"per_scene": [dict(r, x=r["n"] / r["f"]) for r in v["per_scene"]]} for s, v in runs.items()}
+    for v in runs.values():
+        for r in v["per_scene"]:
+            r["x"] = 1.0
+    d = claims.hierarchical_mean_diff(runs, other, lambda r: r["x"])
+    assert d["lo"] < d["point"] < d["hi"] and abs(d["point"] - 4.5) < 0.3
+
+
+def test_the_verdict_table_gives_every_claim_a_seed_level_interval_and_a_verdict():
+    rng = np.random.default_rng(2)
+
+    def group(path, tau, history):
+        runs = _seeded(tau, 0.05, rng, seeds=3, scenes=40)
+        for v in runs.values():
+            for r in v["per_scene"]:
+                r["attn"] = {"history": [history + rng.normal(0, 0.01)]}
+        return {f"runs/{path}-s{s}/ckpt/draft-{path.split('/')[-1]}": v for s, v in runs.items()}
+
+    drafts = {**group("claims-distill/flat", 6.0, 0.20), **group("claims-distill/mrope", 5.0, 0.20)}
+    rows = claims_report.verdict_table({"test": {"drafts": drafts}})
+    fused = next(r for r in rows if r.startswith("| FlatRoPE raises acceptance (fused"))
+    assert "| holds |" in fused and "3 x 40" in fused
+    history = next(r for r in rows if r.startswith("| FlatRoPE turns attention to the history (fused"))
+    assert "not resolved at this power" in history
+    block = next(r for r in rows if "blocks of ~4.6" in r)
+    assert "holds: more than the paper's" in block

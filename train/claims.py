@@ -125,31 +125,64 @@ def tau_arrays(runs: dict, seeds: list) -> tuple[np.ndarray, np.ndarray]:
     return n, f
 
 
-def hierarchical_diff(a: dict, b: dict, seed: int = 0, boot: int = BOOT) -> dict:
-    """tau(b) - tau(a) with a two-level bootstrap: resample the training seeds (with replacement),
-    then the scenes within each drawn seed; a and b share the draws (the same seed label, the same
-    scenes), so the interval carries the spread from one training seed to the next as well as the
-    scenes'. Returns point, lo, hi (95 %), se, and the two-sided bootstrap p of no difference."""
+def two_level(num: np.ndarray, den: np.ndarray, seed: int = 0, boot: int = BOOT) -> np.ndarray:
+    """Bootstrap replicates of sum(num) / sum(den) for arrays (groups, seeds, scenes): resample the
+    seeds (with replacement), then the scenes within each drawn seed; every group shares the
+    draws (the same seed label, the same scenes). -> (boot, groups)."""
+    rng = np.random.default_rng(seed)
+    _, m, j = num.shape
+    s_idx = rng.integers(0, m, size=(boot, m))[:, :, None]
+    j_idx = rng.integers(0, j, size=(boot, m, j))
+    return np.stack([num[g][s_idx, j_idx].sum((1, 2)) / np.maximum(den[g][s_idx, j_idx].sum((1, 2)), 1e-12)
+                     for g in range(num.shape[0])], 1)
+
+
+def _summary(point: float, reps: np.ndarray, null: float = 0.0) -> dict:
+    lo, hi = np.quantile(reps, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    p = min(1.0, 2 * min((reps <= null).mean(), (reps >= null).mean()))
+    return {"point": float(point), "lo": float(lo), "hi": float(hi), "se": float(reps.std()),
+            "p": float(max(p, 1.0 / len(reps)))}
+
+
+def _common(a: dict, b: dict) -> list:
     seeds = sorted(set(a) & set(b))
     if not seeds:
         raise ValueError("no seed is in both groups; a paired seed-level comparison needs one")
+    return seeds
+
+
+def hierarchical_diff(a: dict, b: dict, seed: int = 0, boot: int = BOOT) -> dict:
+    """tau(b) - tau(a) ({seed: draft numbers with per_scene records}) with the two-level bootstrap
+    (two_level), so the interval carries the spread from one training seed to the next as well as
+    the scenes'. Returns point, lo, hi (95 %), se, the two-sided bootstrap p of no difference,
+    and the seeds and scenes it used."""
+    seeds = _common(a, b)
     na, fa = tau_arrays(a, seeds)
     nb, fb = tau_arrays(b, seeds)
     if na.shape != nb.shape:
         raise ValueError(f"the groups were evaluated on other scenes ({na.shape[1]} against {nb.shape[1]})")
-    rng = np.random.default_rng(seed)
-    m, j = na.shape
-    s_idx = rng.integers(0, m, size=(boot, m))[:, :, None]
-    j_idx = rng.integers(0, j, size=(boot, m, j))
+    reps = two_level(np.stack([na, nb]), np.stack([fa, fb]), seed, boot)
+    point = nb.sum() / fb.sum() - na.sum() / fa.sum()
+    return _summary(point, reps[:, 1] - reps[:, 0]) | {"seeds": len(seeds), "scenes": na.shape[1]}
 
-    def tau(n, f):
-        return n[s_idx, j_idx].sum((1, 2)) / np.maximum(f[s_idx, j_idx].sum((1, 2)), 1)
-    d = tau(nb, fb) - tau(na, fa)
-    point = float(nb.sum() / fb.sum() - na.sum() / fa.sum())
-    lo, hi = np.quantile(d, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    p = min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean()))
-    return {"point": point, "lo": float(lo), "hi": float(hi), "se": float(d.std()),
-            "p": float(max(p, 1.0 / boot)), "seeds": len(seeds), "scenes": j}
+
+def hierarchical_tau(runs: dict, null: float, seed: int = 0, boot: int = BOOT) -> dict:
+    """One group's tau with the two-level interval, and the p of tau = `null` (a paper's number)."""
+    seeds = sorted(runs)
+    n, f = tau_arrays(runs, seeds)
+    reps = two_level(n[None], f[None], seed, boot)[:, 0]
+    return _summary(n.sum() / f.sum(), reps, null) | {"seeds": len(seeds), "scenes": n.shape[1]}
+
+
+def hierarchical_mean_diff(a: dict, b: dict, value, seed: int = 0, boot: int = BOOT) -> dict:
+    """mean over seeds and scenes of value(record) in b minus in a (e.g. attention mass on history
+    keys), with the two-level interval."""
+    seeds = _common(a, b)
+    va = np.array([[value(r) for r in a[s]["per_scene"]] for s in seeds], float)
+    vb = np.array([[value(r) for r in b[s]["per_scene"]] for s in seeds], float)
+    ones = np.ones_like(va)
+    reps = two_level(np.stack([va, vb]), np.stack([ones, ones]), seed, boot)
+    return _summary(vb.mean() - va.mean(), reps[:, 1] - reps[:, 0]) | {"seeds": len(seeds), "scenes": va.shape[1]}
 
 
 def holm(ps: list[float]) -> list[float]:
