@@ -91,6 +91,21 @@ def announce_fingerprints(src, profile_pin: str | None = None, drives: Path | No
     return out
 
 
+def source_stamp(src, fingerprints: dict, command: str | None = None) -> dict:
+    """The results stamp (prompt/stamp.py) of a run of `src`, from the fingerprints
+    announce_fingerprints printed: a checkpoint folder's own; an engines folder's source
+    checkpoint (checked to hold the modules it was exported from), with the engines folder's
+    fingerprint beside it. A preset (random weights) is stamped with no checkpoint."""
+    from prompt.stamp import engines_checkpoint, results_stamp
+
+    if src.checkpoint is not None:
+        return results_stamp(src.checkpoint, fingerprints, command)
+    if src.engines is not None:
+        return results_stamp(engines_checkpoint(src.engines), fingerprints, command, engines=str(src.engines),
+                             engines_fingerprint=fingerprints.get(str(src.engines)))
+    return results_stamp(None, fingerprints, command)
+
+
 def check_scene_cameras(cfg) -> None:
     """The world's scenes and drives carry scenes.config's cameras, frames and image size; a
     planner profile with others would refuse every cycle as an input error and still exit 0, so

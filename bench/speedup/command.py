@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common.compared_backends import open_bench_backends
-from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer
+from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer, source_stamp
 from bench.common.threads import torch_threads
 from bench.speedup import report
 from bench.speedup.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
@@ -62,6 +62,7 @@ def run(cfg: BenchRun) -> int:
     src = cfg.source
     check_scene_cameras(profile)
     fingerprints = announce_fingerprints(src, profile.fingerprint)
+    stamp = source_stamp(src, fingerprints, cfg.command)
     tok, plain, drafts, source = open_bench_backends(src, cfg.drafts, profile.max_len, default_tokenizer)
     modes = make_modes(drafts, plain, measure)
     with torch_threads(cfg.threads):
@@ -76,6 +77,7 @@ def run(cfg: BenchRun) -> int:
                        **{k: v for k, v in vars(measure).items()}, "threads": cfg.threads,
                        "fallback": profile.fallback, "decoding": "greedy",
                        "gc": "collected before, disabled inside every timed cycle"}
+    record["stamp"] = stamp
     write_outputs(cfg, record)
     return 0
 

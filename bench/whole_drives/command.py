@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common.compared_backends import open_bench_backends
-from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer
+from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer, source_stamp
 from bench.common.threads import torch_threads
 from bench.whole_drives.measure import DriveBenchConfig, check_out, load, run_drives, table, write
 from runtime.artifacts import ModelSource
@@ -33,6 +33,7 @@ def run(cfg: DrivesRun) -> int:
     check_scene_cameras(profile)
     fingerprints = announce_fingerprints(cfg.source, profile.fingerprint, cfg.drives_dir,
                                          cfg.expect_drives_fingerprint)
+    stamp = source_stamp(cfg.source, fingerprints, cfg.command)
     drives = load(cfg.drives_dir, cfg.measure)         # a bad shard stops here, before any model loads
     tok, plain, drafts, source = open_bench_backends(cfg.source, cfg.drafts, profile.max_len, default_tokenizer)
     label = "flat" if "flat" in drafts and not cfg.drafts else next(iter(drafts))
@@ -46,6 +47,7 @@ def run(cfg: DrivesRun) -> int:
                        "device": cfg.source.device,
                        "profile": str(cfg.profile), "drives_dir": str(cfg.drives_dir), "threads": cfg.threads,
                        "command": cfg.command}
+    record["stamp"] = stamp
     write(cfg.json, record)
     print(table(record), flush=True)
     print(f"wrote {cfg.json} (and .md)", flush=True)
