@@ -163,7 +163,9 @@ def accuracy_report(folder: Path, meta: EnginesMeta, tokenizer, cfg, calib, prec
     for name, r in results.items():
         if name != "fp32":
             r.update(judge(r, fp32))
-    return {"format": "specdrive-accuracy-report", "goal": GOAL, "split": SPLIT, "scenes": scenes, "seed": seed,
+    from prompt.stamp import engines_stamp
+
+    return {"format": "specdrive-accuracy-report", "stamp": engines_stamp(folder), "goal": GOAL, "split": SPLIT, "scenes": scenes, "seed": seed,
             "calibration_sha256": calib.sha256, "calibration_scenes": len(calib.scenes),
             "planner": {"k": cfg.spec.k, "adaptive": False,
                         "max_len": cfg.max_len, "decoding": "greedy", "budget": "off"},

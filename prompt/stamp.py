@@ -11,9 +11,11 @@ prompt/artifacts.py `folder_fingerprint` of the checkpoint folder (the one `spec
 from __future__ import annotations
 
 import datetime
+import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from prompt.artifacts import folder_fingerprint
@@ -66,25 +68,148 @@ def results_stamp(checkpoint, fingerprints: dict | None = None, command: str | N
     return out
 
 
-def engines_checkpoint(engines) -> Path:
-    """The checkpoint folder an exported engines folder was made from (its meta.json `source`),
-    checked: every module sha256 the export recorded must still be that folder's (ConfigError
-    naming the module otherwise), so the stamp's fingerprint is the checkpoint the graphs hold."""
+def engines_stamp(engines, command: str | None = None, **extra) -> dict:
+    """The stamp of a run on an exported engines folder: its source checkpoint (meta.json
+    `source`), when every module sha256 the export recorded is still that folder's; otherwise the
+    stamp's fingerprint is None and its note says which module differs (the numbers are then of
+    no checkpoint in the tree, and `specdrive report --run-stale` re-runs them)."""
+    checkpoint, problem = engines_checkpoint(engines)
+    if problem is not None:
+        out = results_stamp(None, command=command, engines=str(engines), **extra)
+        out["note"] = problem
+        return out
+    return results_stamp(checkpoint, command=command, engines=str(engines), **extra)
+
+
+def engines_checkpoint(engines) -> tuple[Path | None, str | None]:
+    """(the checkpoint folder an exported engines folder was made from, None) when every module
+    sha256 its meta.json `source` recorded is still that folder's; else (None, why not)."""
     where = Path(engines) / "meta.json"
     meta = read_json(where, "engines meta.json")
     source = meta.get("source") if isinstance(meta, dict) else None
     if not isinstance(source, dict) or not isinstance(source.get("checkpoint"), str):
-        raise ConfigError(f"{where}: no source.checkpoint; re-export the folder (`specdrive export onnx`)")
+        return None, f"{where}: no source.checkpoint (re-export the folder: `specdrive export onnx`)"
     for kind, model in (source.get("models") or {}).items():
         folder = Path(model["folder"])
-        now = read_json(folder / "meta.json", f"{kind} meta.json") if (folder / "meta.json").is_file() else None
-        if now is None:
-            raise ConfigError(f"{where}: its {kind} came from {folder}, which has no meta.json now; "
-                              "re-export from the shipped checkpoint")
+        if not (folder / "meta.json").is_file():
+            return None, f"{where}: its {kind} came from {folder}, which has no meta.json now"
+        now = read_json(folder / "meta.json", f"{kind} meta.json")
         for name, sha in model.get("modules", {}).items():
             have = ((now.get("modules") or {}).get(name) or {}).get("sha256")
             if have != sha:
-                raise ConfigError(f"{where}: its {kind} module {name!r} was exported from sha256 {sha[:12]}, but "
-                                  f"{folder} now holds {str(have)[:12]}: the graphs are of another checkpoint; "
-                                  "re-export (make engines-cpu)")
-    return Path(source["checkpoint"])
+                return None, (f"{where}: its {kind} module {name!r} was exported from sha256 {sha[:12]}, but "
+                              f"{folder} now holds {str(have)[:12]}: the graphs are of another checkpoint")
+    return Path(source["checkpoint"]), None
+
+
+# --- the markers a rendered table sits between, in README.md and docs/*.md -----------------------
+#
+#   <!-- results NAME fingerprint=<64 hex> -->
+#   *Rendered by `specdrive report` from OUT.json: `COMMAND`, DATE, commit ABC, checkpoint ... .*
+#
+#   | the table |
+#   <!-- /results NAME -->
+#
+# A table of no measured number (flags, files, folders) says so on the line before it:
+#   <!-- reference table -->
+
+OPEN = re.compile(r"<!-- results (?P<name>[a-z0-9][a-z0-9-]*) fingerprint=(?P<fp>[0-9a-f]{64}|unknown) -->")
+CLOSE = re.compile(r"<!-- /results (?P<name>[a-z0-9][a-z0-9-]*) -->")
+REFERENCE = "<!-- reference table -->"
+SEPARATOR = re.compile(r"^\s*\|(\s*:?-{3,}:?\s*\|)+\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One marked table: its name, the fingerprint its opening marker carries, and the lines
+    (0-based) of its opening and closing markers."""
+    name: str
+    fingerprint: str
+    open_line: int
+    close_line: int
+
+
+def blocks(text: str, where: str = "markdown") -> list[Block]:
+    """Every results block of a markdown text, checked: each opening marker is closed by the
+    closing marker of the same name before the next opens, no name twice, no stray closing
+    marker, no malformed marker (ConfigError naming the file and line)."""
+    out, open_ = [], None
+    for i, line in enumerate(text.split("\n")):
+        s = line.strip()
+        if s.startswith("<!-- results ") or s.startswith("<!-- /results"):
+            m_open, m_close = OPEN.fullmatch(s), CLOSE.fullmatch(s)
+            if m_open is None and m_close is None:
+                raise ConfigError(f"{where}:{i + 1}: malformed results marker {s!r}; allowed: "
+                                  "'<!-- results NAME fingerprint=<64 hex> -->' and '<!-- /results NAME -->'")
+            if m_open is not None:
+                if open_ is not None:
+                    raise ConfigError(f"{where}:{i + 1}: results marker {m_open['name']!r} opens inside "
+                                      f"{open_[0]!r} (opened at line {open_[2] + 1}); close that one first")
+                open_ = (m_open["name"], m_open["fp"], i)
+            else:
+                if open_ is None or open_[0] != m_close["name"]:
+                    what = "nothing is open" if open_ is None else f"{open_[0]!r} is open (line {open_[2] + 1})"
+                    raise ConfigError(f"{where}:{i + 1}: closing marker of {m_close['name']!r}, but {what}")
+                out.append(Block(open_[0], open_[1], open_[2], i))
+                open_ = None
+    if open_ is not None:
+        raise ConfigError(f"{where}:{open_[2] + 1}: results marker {open_[0]!r} is never closed "
+                          f"(add '<!-- /results {open_[0]} -->' after its table)")
+    names = [b.name for b in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{where}: results block(s) {twice} appear more than once; each name once per file")
+    return out
+
+
+def replace_block(text: str, name: str, fingerprint: str | None, body: str, where: str = "markdown") -> str:
+    """`text` with block `name`'s content replaced by `body` and its opening marker's
+    fingerprint by `fingerprint` (None: 'unknown'); every other line as it was. ConfigError
+    when the markers are unbalanced or the block is not there."""
+    found = {b.name: b for b in blocks(text, where)}
+    if name not in found:
+        raise ConfigError(f"{where}: no results block {name!r}; put the table between "
+                          f"'<!-- results {name} fingerprint=unknown -->' and '<!-- /results {name} -->'")
+    b, lines = found[name], text.split("\n")
+    marker = f"<!-- results {name} fingerprint={fingerprint or 'unknown'} -->"
+    indent = lines[b.open_line][: len(lines[b.open_line]) - len(lines[b.open_line].lstrip())]
+    return "\n".join(lines[: b.open_line] + [indent + marker] + body.strip("\n").split("\n")
+                     + lines[b.close_line:])
+
+
+def stamp_line(stamp: dict, source: str) -> str:
+    """What a reader sees under the opening marker: where the numbers come from."""
+    commit = stamp.get("commit")
+    commit = "" if not commit else f", commit {commit[:10]}" + (" (with local changes)" if stamp.get("dirty") else "")
+    fp = stamp.get("fingerprint")
+    ck = (f"checkpoint `{stamp['checkpoint']}` (fingerprint `{fp[:12]}…`)" if fp
+          else "no checkpoint fingerprint" + (f" ({stamp['note']})" if stamp.get("note") else ""))
+    return (f"*Rendered by `specdrive report` from `{source}`: `{stamp.get('command')}`, "
+            f"{stamp.get('date')}{commit}; {ck}.*")
+
+
+def tables_outside(text: str, where: str = "markdown") -> list[str]:
+    """Markdown tables (a `|---|` separator line) outside every results block and not marked
+    `<!-- reference table -->` on the line before the table: 'FILE:LINE: header' each. Tables in
+    fenced code blocks do not render and are not counted."""
+    lines = text.split("\n")
+    inside = set()
+    for b in blocks(text, where):
+        inside.update(range(b.open_line, b.close_line + 1))
+    out, fenced = [], False
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or i in inside or not SEPARATOR.match(line) or i == 0:
+            continue
+        if i >= 2 and lines[i - 2].strip() == REFERENCE:
+            continue
+        out.append(f"{where}:{i}: {lines[i - 1].strip()[:80]}")
+    return out
+
+
+def stale_markers(text: str, fingerprint: str, where: str = "markdown") -> list[str]:
+    """Results blocks whose opening marker carries another fingerprint than `fingerprint`."""
+    return [f"{where}:{b.open_line + 1}: {b.name} fingerprint={b.fingerprint[:12]}"
+            for b in blocks(text, where) if b.fingerprint != fingerprint]

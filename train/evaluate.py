@@ -256,7 +256,9 @@ def run(cfg: EvalConfig) -> str:
     tok, model_cfg, target, expert = io.load_planner(cfg.planner)
     drafts = {name: io.load_draft(_draft_path(cfg.planner, name), model_cfg, target)[1] for name in cfg.drafts
               if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
-    results = {"planner": cfg.planner, "k": cfg.k, "splits": {}}
+    from prompt.stamp import results_stamp
+
+    results = {"stamp": results_stamp(cfg.planner), "planner": cfg.planner, "k": cfg.k, "splits": {}}
     for split in cfg.splits:
         results["splits"][split] = evaluate_split(cfg, split, tok, model_cfg, target, expert, drafts)
         print(split, json.dumps(results["splits"][split]), flush=True)

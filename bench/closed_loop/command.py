@@ -12,7 +12,7 @@ from bench.closed_loop.gif import draw_case
 from bench.closed_loop.latency import parse_latency
 from bench.closed_loop.loop import APPROX_MODES, DEFAULT_BUDGET_MS, MODES, STREAM_MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
 from bench.closed_loop.report import table
-from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer
+from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer, source_stamp
 from bench.common.threads import torch_threads
 from runtime.artifacts import ModelSource, open_backend
 from prompt.config import ConfigError
@@ -65,9 +65,11 @@ def run(setup: ClosedLoopRun) -> int:
     budgets = parse_budgets(setup.budget_ms, len(latencies))
     if setup.expect_drives_fingerprint is not None and not isinstance(setup.drives, Path):
         raise ConfigError("--expect-drives-fingerprint pins a drives folder; --drives is a count of new drives")
-    announce_fingerprints(ModelSource(checkpoint=Path(setup.checkpoint), expect_fingerprint=setup.expect_fingerprint),
-                          base.fingerprint, setup.drives if isinstance(setup.drives, Path) else None,
-                          setup.expect_drives_fingerprint)
+    source = ModelSource(checkpoint=Path(setup.checkpoint), expect_fingerprint=setup.expect_fingerprint)
+    fingerprints = announce_fingerprints(source, base.fingerprint,
+                                         setup.drives if isinstance(setup.drives, Path) else None,
+                                         setup.expect_drives_fingerprint)
+    stamp = source_stamp(source, fingerprints)
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
     tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0], setup.expect_fingerprint)
     streaming = backends["flat"].image_attention == "frame_local"
@@ -85,7 +87,8 @@ def run(setup: ClosedLoopRun) -> int:
                     bar.update()
         bar.close()
         text = table(records, modes, lat.spec, budget_ms)
-        (out / "drives.json").write_text(json.dumps({"latency": lat.spec, "budget_ms": budget_ms,
+        (out / "drives.json").write_text(json.dumps({"stamp": stamp, "fingerprints": fingerprints,
+                                                     "latency": lat.spec, "budget_ms": budget_ms,
                                                      "modes": {m: MODES[m] for m in modes},
                                                      "records": records}) + "\n")
         (out / "table.md").write_text(text)

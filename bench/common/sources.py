@@ -96,13 +96,12 @@ def source_stamp(src, fingerprints: dict, command: str | None = None) -> dict:
     announce_fingerprints printed: a checkpoint folder's own; an engines folder's source
     checkpoint (checked to hold the modules it was exported from), with the engines folder's
     fingerprint beside it. A preset (random weights) is stamped with no checkpoint."""
-    from prompt.stamp import engines_checkpoint, results_stamp
+    from prompt.stamp import engines_stamp, results_stamp
 
     if src.checkpoint is not None:
         return results_stamp(src.checkpoint, fingerprints, command)
     if src.engines is not None:
-        return results_stamp(engines_checkpoint(src.engines), fingerprints, command, engines=str(src.engines),
-                             engines_fingerprint=fingerprints.get(str(src.engines)))
+        return engines_stamp(src.engines, command, engines_fingerprint=fingerprints.get(str(src.engines)))
     return results_stamp(None, fingerprints, command)
 
 

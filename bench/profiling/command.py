@@ -26,7 +26,7 @@ from runtime.planner import Planner
 from bench.profiling import report as profile_report, timeline
 from bench.common.accept_map import routine_tokens
 from bench.common.cycle_report import JsonLog
-from bench.common.sources import SceneSource, default_tokenizer, scene_source
+from bench.common.sources import SceneSource, announce_fingerprints, default_tokenizer, scene_source, source_stamp
 from bench.common.threads import torch_threads
 
 
@@ -96,6 +96,8 @@ def run(setup: ProfileRun) -> int:
 def profile_here(setup: ProfileRun) -> dict:
     """Warm-up, then setup.cycles recorded cycles; writes the outputs and returns the stats."""
     cfg = load_planner_config(setup.profile)
+    stamp = source_stamp(setup.source, announce_fingerprints(setup.source, cfg.fingerprint),
+                         " ".join(["specdrive profile", *setup.argv]))
     backend, tok = open_backend(setup.source, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
     planner = Planner(backend, tok, cfg)
     rec, cycles = trace.Recorder(), []
@@ -121,7 +123,7 @@ def profile_here(setup: ProfileRun) -> dict:
         log.close()
         planner.close()
     ranges = [r for r in rec.ranges if r.name != trace.CAPTURE]
-    stats = summarize(ranges, cycles, setup)
+    stats = {"stamp": stamp, **summarize(ranges, cycles, setup)}
     (setup.out / "trace.json").write_text(json.dumps(profile_report.chrome_trace(ranges, rec.threads)))
     (setup.out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     (setup.out / "stats.md").write_text(profile_report.format_table(stats["stages"]) + "\n")

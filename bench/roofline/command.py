@@ -122,6 +122,10 @@ def run(q: RooflineRun) -> int:
         result["validation"] = validate(cfg, dev, w, read_stats(q.validate))
         print(format_validation(result["validation"]))
     if q.json:
+        from prompt.stamp import SHIPPED, results_stamp
+
+        # a projection of the preset: it reads no checkpoint (--bench/--validate records carry their own)
+        result["stamp"] = results_stamp(SHIPPED, reads_checkpoint=False)
         q.json.parent.mkdir(parents=True, exist_ok=True)
         q.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
