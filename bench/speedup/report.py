@@ -32,7 +32,7 @@ def table(record: dict) -> str:
 
 
 def markdown_table(record: dict) -> str:
-    """The same numbers as a Markdown table (docs/bench.md, the README)."""
+    """The same numbers as a Markdown table (docs/bench.md and docs/engines.md, via `specdrive report`)."""
     rows = ["| mode | tau | mean k | c | tokens/s | decode speedup (min-max) | ideal | efficiency "
             "| same reasoning | trajectory max diff | cycle p50 / p99 ms | cycle speedup (min-max) "
             "| ADE m | limited by |",
