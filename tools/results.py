@@ -56,8 +56,10 @@ RUNS = {
     "precision": Run((EXPORT, f"specdrive calibrate record --engines {ENGINES}",
                       f"specdrive calibrate report --engines {ENGINES} --out out/calibration-report"),
                      ("out/calibration-report/report.json",)),
-    "profile": Run(("specdrive profile --checkpoint checkpoints/tiny --cycles 16 --out out/profile",),
-                   ("out/profile/stats.json",)),
+    "profile": Run(("specdrive profile --checkpoint checkpoints/tiny --cycles 16 --out out/profile",
+                    "specdrive roofline --preset tiny --device cpu --memory --validate out/profile/stats.json "
+                    "--json out/profile/roofline_cpu.json"),      # = make profile
+                   ("out/profile/stats.json", "out/profile/roofline_cpu.json")),
     "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",)),
 }
 
@@ -133,6 +135,14 @@ def profile(records: list[dict]) -> str:
             f"{s['peak_host_memory_mib']:.0f} MiB; {s['threads']} thread(s).")
 
 
+def roofline_validation(records: list[dict]) -> str:
+    from bench.roofline.command import format_validation
+    r = records[1]
+    peaks = r.get("peaks") or {}
+    return (format_validation(r["validation"]) + "\n\nThis CPU's peaks, measured in the same run "
+            f"(bench/roofline/microbench.py): {', '.join(f'{k} {v}' for k, v in peaks.items())}.")
+
+
 def claims(part: str) -> Callable[[list[dict]], str]:
     def render(records: list[dict]) -> str:
         from train import claims_report
@@ -151,6 +161,7 @@ TABLES = {
     "roofline-snapshot": Table(("roofline",), ("docs/profile.md",), roofline_snapshot),
     "roofline-drive": Table(("roofline",), ("docs/profile.md",), roofline_drive),
     "profile": Table(("profile",), ("docs/profile.md",), profile),
+    "roofline-validation": Table(("profile",), ("docs/profile.md",), roofline_validation),
     "bench-ort": Table(("bench-ort",), ("docs/engines.md",), bench_table),
     "precision": Table(("precision",), ("docs/engines.md",), precision),
     **{f"claims-{name}": Table(("claims",), ("docs/claims-data.md",), claims(f"{part}_table"))
