@@ -160,3 +160,30 @@ def test_every_marker_is_in_the_registry():
     for name, t in results.TABLES.items():
         for f in t.files:
             assert name in {b.name for b in blocks((ROOT / f).read_text(), f)}, f"{f} has no marker for {name!r}"
+
+
+def _bench_mode(name, speedup, cycle_p50, cycle_x, equal=16):
+    return {"name": name, "decode_speedup": {"all": speedup, "min": speedup - 0.1, "max": speedup + 0.1},
+            "cycle_ms": {"p50": cycle_p50}, "cycle_speedup": {"p50": cycle_x, "min": cycle_x - 0.05,
+                                                              "max": cycle_x + 0.05},
+            "identical": {"equal": equal, "scenes": 16}}
+
+
+def _drive_mode(name, p50, speedup, equal=320):
+    return {"name": name, "cycle_ms": {"p50": p50}, "cycle_speedup_p50": speedup,
+            "identical": {"equal": equal, "cycles": 320}}
+
+
+def test_the_headline_is_plain_against_the_best_mode_and_the_fastest_exact_drive_mode():
+    from tools.results import headline
+
+    bench = {"best": "flat k=8", "modes": [_bench_mode("plain", 1.0, 266.0, 1.0), _bench_mode("flat k=4", 2.13, 178.0, 1.49),
+                                           _bench_mode("flat k=8", 2.17, 177.6, 1.493)]}
+    drives = {"modes": [_drive_mode("plain", 321.0, 1.0), _drive_mode("spec+vision+lookup", 167.0, 1.92),
+                        _drive_mode("spec+vision+stream", 150.0, 2.14, equal=319),   # not exact: never the headline
+                        _drive_mode("spec+vision+lookup+stream", 168.0, 1.91)]}
+    rows = headline([bench, drives]).split("\n")
+    assert len(rows) == 4 and rows[1] == "|---|---|---|---|---|---|"
+    assert rows[2] == "| plain target | 1.00x | 266 ms | 1.00x | 321 ms, 1.00x | - |"
+    assert rows[3] == ("| flat k=8 (best) | **2.17x** (2.07-2.27) | 178 ms | **1.49x** (1.44-1.54) "
+                       "| spec+vision+lookup: 167 ms, **1.92x** | 16/16 scenes, 320/320 drive cycles |")
