@@ -106,6 +106,16 @@ def drives_table(records: list[dict]) -> str:
     return markdown_table(records[0])
 
 
+STREAM_MODES = ("plain", "spec+vision+lookup", "spec+vision+stream", "spec+vision+lookup+stream")
+
+
+def streaming_table(records: list[dict]) -> str:
+    """The drives run's streaming-prefill modes beside plain and spec+vision+lookup."""
+    from bench.whole_drives.measure import markdown_table
+    r = records[0]
+    return markdown_table({**r, "modes": [m for m in r["modes"] if m["name"] in STREAM_MODES]})
+
+
 def closed_loop(records: list[dict]) -> str:
     from bench.closed_loop.report import table
     r = records[0]
@@ -157,6 +167,7 @@ TABLES = {
     "headline": Table(("bench", "drives"), ("README.md",), headline),
     "bench": Table(("bench",), ("docs/bench.md",), bench_report),
     "drives": Table(("drives",), ("docs/bench.md",), drives_table),
+    "streaming-drives": Table(("drives",), ("docs/bench.md",), streaming_table),
     "closed-loop": Table(("closed-loop",), ("docs/drive.md",), closed_loop),
     "roofline-snapshot": Table(("roofline",), ("docs/profile.md",), roofline_snapshot),
     "roofline-drive": Table(("roofline",), ("docs/profile.md",), roofline_drive),
@@ -179,7 +190,6 @@ LEGACY = {
     "eagle3": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --drafts flat,eagle3-v256"),
     "layouts-val": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
     "layouts-test": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
-    "streaming-drives": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --drives data/drives"),
     "approximate": ("docs/bench.md", "specdrive bench --checkpoint runs/tiny-causal --drives data/drives"),
     "drives20-k8": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --drives data/drives "
                     "--drive-count 20 --modes spec --drafts flat --no-adaptive --ks 8 --json out/bench/drives20-k8-flat.json"),

@@ -330,8 +330,8 @@ def _f(value, spec: str, width: int) -> str:
 def markdown_table(record: dict) -> str:
     """The modes as a Markdown table (docs/bench.md, via `specdrive report`), then the goals."""
     rows = ["| mode | cycle p50 ms | p99 ms | speedup | vision p50 ms | vision cut | prefill p50 ms | prefill cut "
-            "| tau | lookup acc/prop | model acc/prop | same text | alpha routine / commitment |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| blocks kept / cycle | tau | lookup acc/prop | model acc/prop | same text | alpha routine / commitment |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in record["modes"]:
         failed = m.get("failed")
         cyc, vis = (m["cycle_ms"], m["vision_ms"]) if not failed else ({"p50": None, "p99": None}, {"p50": None})
@@ -343,7 +343,7 @@ def markdown_table(record: dict) -> str:
         rows.append(f"| {m['name']} | {_f(cyc['p50'], '.1f', 0)} | {_f(cyc['p99'], '.1f', 0)} "
                     f"| {'-' if sp is None else f'{sp:.2f}x'} | {_f(vis['p50'], '.2f', 0)} | {_f(m['vision_cut'], '.1%', 0)} "
                     f"| {_f(None if failed else m['prefill_ms_p50'], '.2f', 0)} | {_f(m.get('prefill_cut'), '.1%', 0)} "
-                    f"| {m['tau']:.2f} | {look} | {model} | {m['identical']['equal']}/{m['identical']['cycles']} "
+                    f"| {_f(m.get('blocks_kept_per_cycle'), '.2f', 0)} | {m['tau']:.2f} | {look} | {model} | {m['identical']['equal']}/{m['identical']['cycles']} "
                     f"| {alpha} |")
     notes = table(record).split("\n")[len(record["modes"]) + 1:]
     return "\n".join(rows + [""] + [f"- {n}" for n in notes])
