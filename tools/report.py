@@ -113,9 +113,7 @@ def render(tables: list[str], check: bool, current: str) -> int:
         if fp != current:
             problems.append(f"{t}: stamped {', '.join(sorted(str(f)[:12] for f in ({fp} | fps)))}, "
                             f"not checkpoints/tiny's {current[:12]}")
-        head = "\n".join(stamp_line(s, out) for out, s in stamps[:1]) + (
-            f"\n*(and {len(stamps) - 1} more JSON files of the same run)*" if len(stamps) > 1 else "")
-        body = head + "\n\n" + entry.render(records)
+        body = "\n\n".join(stamp_line(s, out) for out, s in stamps) + "\n\n" + entry.render(records)
         for f in entry.files:
             texts.setdefault(f, Path(f).read_text())
             texts[f] = replace_block(texts[f], t, fp, body, f)
