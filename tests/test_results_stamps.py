@@ -187,3 +187,22 @@ def test_the_headline_is_plain_against_the_best_mode_and_the_fastest_exact_drive
     assert rows[2] == "| plain target | 1.00x | 266 ms | 1.00x | 321 ms, 1.00x | - |"
     assert rows[3] == ("| flat k=8 (best) | **2.17x** (2.07-2.27) | 178 ms | **1.49x** (1.44-1.54) "
                        "| spec+vision+lookup: 167 ms, **1.92x** | 16/16 scenes, 320/320 drive cycles |")
+
+
+def test_claims_data_is_written_between_the_registry_markers_with_the_eval_stamp():
+    """train.claims_report writes docs/claims-data.md whole; its tables carry the markers
+    `specdrive report` re-renders, with the evaluation's stamp."""
+    import inspect
+
+    from tools import results
+    from train import claims_report
+
+    stamp = {"fingerprint": SHIPPED, "checkpoint": "checkpoints/tiny", "date": "2026-12-02T10:00:00Z",
+             "command": "specdrive train eval --config configs/train/eval-claims.yaml"}
+    text = "\n".join(claims_report.marked("budget", ["| a |", "|---|", "| 1 |"], stamp, "metrics.json"))
+    assert [(b.name, b.fingerprint) for b in blocks(text)] == [("claims-budget", SHIPPED)]
+    assert "`specdrive train eval --config configs/train/eval-claims.yaml`" in text
+    assert [(b.name, b.fingerprint) for b in blocks("\n".join(claims_report.marked("budget", [], None, "m")))] \
+        == [("claims-budget", "unknown")]
+    written = set(__import__("re").findall(r'marked\("([a-z]+)"', inspect.getsource(claims_report.sections)))
+    assert {f"claims-{n}" for n in written} == {n for n in results.TABLES if n.startswith("claims-")}
