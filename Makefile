@@ -131,7 +131,7 @@ bench-ort: engines-cpu
 bench: $(STAMP)
 	$(PY) -m tools.cli bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --ks 4,8,16 --json out/bench/bench.json
 
-# Every measurement table of README.md and docs/ from its stamped JSON (tools/results.py): re-runs
+# Every measurement table of README.md and docs/ from its stamped JSON (bench/report/registry.py): re-runs
 # what is missing or stamped with another checkpoint than checkpoints/tiny, then re-renders; `make
 # report` only re-renders.
 results: $(STAMP)

@@ -3,7 +3,7 @@
 Cheap: no model runs. The fingerprint of checkpoints/tiny (prompt/artifacts.py
 folder_fingerprint) must be the one every `<!-- results NAME fingerprint=... -->` marker carries,
 and every markdown table must sit between results markers or be marked `<!-- reference table -->`
-(no measured number). `specdrive report` (tools/report.py) renders the tables; tools/results.py
+(no measured number). `specdrive report` (tools/report.py, bench/report/command.py) renders the tables; bench/report/registry.py
 is the registry of what makes each one.
 """
 from __future__ import annotations
@@ -137,7 +137,8 @@ def test_an_export_of_another_checkpoint_is_not_stamped_with_this_one(tmp_path):
 
 
 def test_report_without_its_json_exits_2_naming_the_table_and_command(tmp_path, monkeypatch, capsys):
-    from tools import cli, results
+    from bench.report import registry as results
+    from tools import cli
 
     root = _copy(tmp_path)
     monkeypatch.chdir(root)
@@ -151,12 +152,12 @@ def test_report_without_its_json_exits_2_naming_the_table_and_command(tmp_path, 
 
 
 def test_every_marker_is_in_the_registry():
-    from tools import results
+    from bench.report import registry as results
 
     known = set(results.TABLES) | set(results.LEGACY)
     for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         names = {b.name for b in blocks(p.read_text(), p.name)}
-        assert names <= known, f"{p.name}: markers {sorted(names - known)} are not in tools/results.py"
+        assert names <= known, f"{p.name}: markers {sorted(names - known)} are not in bench/report/registry.py"
     for name, t in results.TABLES.items():
         for f in t.files:
             assert name in {b.name for b in blocks((ROOT / f).read_text(), f)}, f"{f} has no marker for {name!r}"
@@ -175,7 +176,7 @@ def _drive_mode(name, p50, speedup, equal=320):
 
 
 def test_the_headline_is_plain_against_the_best_mode_and_the_fastest_exact_drive_mode():
-    from tools.results import headline
+    from bench.report.registry import headline
 
     bench = {"best": "flat k=8", "modes": [_bench_mode("plain", 1.0, 266.0, 1.0), _bench_mode("flat k=4", 2.13, 178.0, 1.49),
                                            _bench_mode("flat k=8", 2.17, 177.6, 1.493)]}
@@ -194,7 +195,7 @@ def test_claims_data_is_written_between_the_registry_markers_with_the_eval_stamp
     `specdrive report` re-renders, with the evaluation's stamp."""
     import inspect
 
-    from tools import results
+    from bench.report import registry as results
     from train import claims_report
 
     stamp = {"fingerprint": SHIPPED, "checkpoint": "checkpoints/tiny", "date": "2026-12-02T10:00:00Z",

@@ -6,7 +6,7 @@ Two tables:
 - TABLES: NAME -> the runs it reads, the renderer (records -> markdown) and the markdown files
   holding `<!-- results NAME fingerprint=... -->` ... `<!-- /results NAME -->`.
 
-`specdrive report` (tools/report.py) re-renders every table from its JSON; with --run-stale it
+`specdrive report` (tools/report.py, bench/report/command.py) re-renders every table from its JSON; with --run-stale it
 first re-runs each run whose JSON is missing or stamped with another checkpoint than
 checkpoints/tiny. A table whose renderer is None is kept as written (numbers from an earlier
 checkpoint that no command here regenerates yet); its marker says fingerprint=unknown, and the
