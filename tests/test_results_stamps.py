@@ -207,3 +207,35 @@ def test_claims_data_is_written_between_the_registry_markers_with_the_eval_stamp
         == [("claims-budget", "unknown")]
     written = set(__import__("re").findall(r'marked\("([a-z]+)"', inspect.getsource(claims_report.sections)))
     assert {f"claims-{n}" for n in written} == {n for n in results.TABLES if n.startswith("claims-")}
+
+
+def test_run_stale_reruns_a_missing_or_stale_json_then_finds_it_fresh(tmp_path, monkeypatch, capsys):
+    """--run-stale on a copy of the docs: a missing JSON is made by its command (a roofline
+    projection, seconds), its table rendered with the shipped fingerprint; a second pass finds it
+    fresh; a JSON stamped with another checkpoint runs again."""
+    from bench.report import registry
+    from bench.roofline.report import drive_table
+    from tools import cli
+
+    root = _copy(tmp_path)
+    (root / "checkpoints").symlink_to(ROOT / "checkpoints")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cmd = "specdrive roofline --preset edge-2b --device thor --precision fp8 --json out/r.json"
+    monkeypatch.setitem(registry.RUNS, "roofline", registry.Run((cmd,), ("out/r.json",)))
+    assert cli.main(["report", "--run-stale", "--only", "roofline-drive"]) == 0
+    said = capsys.readouterr().out
+    assert "report: [1/1] roofline: out/r.json is missing; running 1 command(s)" in said and f"$ {cmd}" in said
+    rec = json.loads((root / "out" / "r.json").read_text())
+    assert rec["stamp"]["fingerprint"] == SHIPPED and rec["stamp"]["command"] == cmd
+    text = (root / "docs" / "profile.md").read_text()
+    b = next(b for b in blocks(text) if b.name == "roofline-drive")
+    assert b.fingerprint == SHIPPED
+    assert drive_table([rec]) in "\n".join(text.split("\n")[b.open_line:b.close_line])
+    assert cli.main(["report", "--run-stale", "--only", "roofline-drive"]) == 0
+    assert "report: [1/1] roofline: fresh" in capsys.readouterr().out
+    rec["stamp"]["fingerprint"] = OTHER
+    (root / "out" / "r.json").write_text(json.dumps(rec))
+    assert cli.main(["report", "--run-stale", "--only", "roofline-drive"]) == 0
+    assert f"out/r.json is stamped {OTHER[:12]}, not {SHIPPED[:12]}; running" in capsys.readouterr().out
