@@ -112,7 +112,7 @@ def render(tables: list[str], check: bool, current: str) -> int:
         for f in entry.files:
             texts.setdefault(f, Path(f).read_text())
             texts[f] = replace_block(texts[f], t, fp, body, f)
-        print(f"report: {t}: rendered into {', '.join(entry.files)}", flush=True)
+        print(f"report: {t}: {'checked against' if check else 'rendered into'} {', '.join(entry.files)}", flush=True)
     changed = [f for f, text in texts.items() if Path(f).read_text() != text]
     if check:
         for f in changed:
