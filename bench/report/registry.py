@@ -96,6 +96,13 @@ def bench_report(records: list[dict]) -> str:
     return markdown_report(records[0])
 
 
+def comparison(modes: tuple[str, ...]) -> Callable[[list[dict]], str]:
+    def render(records: list[dict]) -> str:
+        from bench.speedup.report import comparison_table
+        return comparison_table(records[0], list(modes))
+    return render
+
+
 def bench_table(records: list[dict]) -> str:
     from bench.speedup.report import markdown_table
     return markdown_table(records[0])
@@ -166,6 +173,10 @@ OLD = "numbers from an earlier checkpoint; no renderer regenerates them yet"
 TABLES = {
     "headline": Table(("bench", "drives"), ("README.md",), headline),
     "bench": Table(("bench",), ("docs/bench.md",), bench_report),
+    "draft-head-bench": Table(("bench",), ("docs/bench.md",),
+                              comparison(("flat k=4", "flat-v256 k=4", "flat k=8", "flat-v256 k=8"))),
+    "eagle3": Table(("bench",), ("docs/bench.md",), comparison(("flat k=4", "flat-v256 k=4", "eagle3-v256 k=4",
+                                                                 "flat k=8", "flat-v256 k=8", "eagle3-v256 k=8"))),
     "drives": Table(("drives",), ("docs/bench.md",), drives_table),
     "streaming-drives": Table(("drives",), ("docs/bench.md",), streaming_table),
     "closed-loop": Table(("closed-loop",), ("docs/drive.md",), closed_loop),
@@ -185,9 +196,7 @@ TABLES = {
 LEGACY = {
     "draft-head-c": ("docs/bench.md", "python -m tools.measure_c --preset edge-2b --draft-vocab full,32768,16384,8192,4096"),
     "draft-head-coverage": ("docs/bench.md", "the draft vocabulary coverage of the corpus (docs/bench.md)"),
-    "draft-head-bench": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --drafts flat,flat-v256"),
     "draft-head-validation": ("docs/bench.md", "python -m tools.measure_c --preset edge-2b"),
-    "eagle3": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --drafts flat,eagle3-v256"),
     "layouts-val": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
     "layouts-test": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
     "approximate": ("docs/bench.md", "specdrive bench --checkpoint runs/tiny-causal --drives data/drives"),

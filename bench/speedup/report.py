@@ -50,6 +50,23 @@ def markdown_table(record: dict) -> str:
     return "\n".join(rows)
 
 
+def comparison_table(record: dict, modes: list[str]) -> str:
+    """A few modes side by side: cost, speed, acceptance and identity (docs/bench.md's draft-head
+    and EAGLE-3 comparisons, rendered from the `make bench` record)."""
+    by = {m["name"]: m for m in record["modes"]}
+    rows = ["| mode | tau | c | decode speedup | ideal | alpha routine / commitment | steps at the cap | "
+            "same reasoning | trajectory max diff | ADE m |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in modes:
+        m, wa = by[name], record["where_accepted"].get(name, {}).get("by_class", {})
+        rows.append(f"| {name} | {m['tau']:.2f} | {_num(m.get('c'), 0, 3)} | {m['decode_speedup']['all']:.2f}x "
+                    f"| {_num(m.get('ideal_speedup'), 0, 2)} | {_f(wa.get('routine', {}).get('accept_rate'), pct=True)} / "
+                    f"{_f(wa.get('commitment', {}).get('accept_rate'), pct=True)} "
+                    f"| {_f((m.get('free_running') or {}).get('at_cap'), pct=True)} "
+                    f"| {m['identical']['equal']}/{m['identical']['scenes']} "
+                    f"| {_num(m.get('trajectory_max_diff_m'), 0, 3)} m | {_num(m.get('ade_m'), 0, 3)} |")
+    return "\n".join(rows)
+
+
 def _num(x, width: int, digits: int) -> str:
     return ("-" if x is None else f"{x:.{digits}f}").rjust(width)
 
