@@ -45,6 +45,9 @@ RUNS = {
     "drives": Run(("specdrive bench --checkpoint checkpoints/tiny --drives data/drives --drive-count 4 --modes "
                    "plain+vision,spec,spec+vision,spec+vision+lookup,spec+vision+stream,spec+vision+lookup+stream "
                    "--drafts flat --threads 1 --json out/bench/drives.json",), ("out/bench/drives.json",)),
+    "drives20": Run(("specdrive bench --checkpoint checkpoints/tiny --drives data/drives --drive-count 20 --modes spec "
+                     "--drafts flat --no-adaptive --ks 8 --json out/bench/drives20-k8-flat.json",),
+                    ("out/bench/drives20-k8-flat.json",)),
     "closed-loop": Run(("specdrive drive --checkpoint checkpoints/tiny --drives data/drives --latency "
                         "orin-agx-64:edge-2b --budget-ms 700 --out out/drive20 --gifs 0 --quiet",),
                        ("out/drive20/orin-agx-64_edge-2b/drives.json",)),
@@ -123,6 +126,11 @@ def streaming_table(records: list[dict]) -> str:
     return markdown_table({**r, "modes": [m for m in r["modes"] if m["name"] in STREAM_MODES]})
 
 
+def drives20(records: list[dict]) -> str:
+    from bench.whole_drives.measure import phase_table
+    return phase_table(records[0], "spec")
+
+
 def closed_loop(records: list[dict]) -> str:
     from bench.closed_loop.report import table
     r = records[0]
@@ -178,6 +186,7 @@ TABLES = {
     "eagle3": Table(("bench",), ("docs/bench.md",), comparison(("flat k=4", "flat-v256 k=4", "eagle3-v256 k=4",
                                                                  "flat k=8", "flat-v256 k=8", "eagle3-v256 k=8"))),
     "drives": Table(("drives",), ("docs/bench.md",), drives_table),
+    "drives20-k8": Table(("drives20",), ("docs/bench.md",), drives20),
     "streaming-drives": Table(("drives",), ("docs/bench.md",), streaming_table),
     "closed-loop": Table(("closed-loop",), ("docs/drive.md",), closed_loop),
     "roofline-snapshot": Table(("roofline",), ("docs/profile.md",), roofline_snapshot),
@@ -200,8 +209,6 @@ LEGACY = {
     "layouts-val": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
     "layouts-test": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
     "approximate": ("docs/bench.md", "specdrive bench --checkpoint runs/tiny-causal --drives data/drives"),
-    "drives20-k8": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --drives data/drives "
-                    "--drive-count 20 --modes spec --drafts flat --no-adaptive --ks 8 --json out/bench/drives20-k8-flat.json"),
     "soak": ("docs/bench.md", "SPECDRIVE_SOAK_CYCLES=1500 python -m pytest tests/test_soak.py -k whole_drive"),
     "trees": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --trees \"16,8,4;32,8,8\""),
     **{n: ("docs/drive.md", "specdrive drive --drives data/drives --latency orin-agx-64:edge-2b,measured "

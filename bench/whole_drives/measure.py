@@ -349,6 +349,31 @@ def markdown_table(record: dict) -> str:
     return "\n".join(rows + [""] + [f"- {n}" for n in notes])
 
 
+def phase_table(record: dict, mode: str) -> str:
+    """One mode's acceptance on all cycles and by phase (cycles whose label names a cause, cycles
+    on a road that looks clear), routine against commitment, and by family (docs/bench.md)."""
+    m = next(x for x in record["modes"] if x["name"] == mode)
+
+    def row(label, tau, a):
+        r, c = a["alpha_routine"], a["alpha_commitment"]
+        gap = "-" if r is None or c is None else f"{100 * (r - c):.1f} points"
+        return f"| {label} | {tau} | {_f(r, '.1%', 0)} | {_f(c, '.1%', 0)} | {gap} |"
+    rows = ["| cycles | tau | alpha routine | alpha commitment | gap |", "|---|---|---|---|---|",
+            row(f"all {m['identical']['cycles']:,}", f"{m['tau']:.2f}", m)]
+    ph = m.get("alpha_by_phase", {})
+    for key, what in (("named", "whose label names a cause"), ("clear", "on a road that looks clear")):
+        if key in ph:
+            rows.append(row(f"{ph[key]['cycles']:,} {what}", "", ph[key]))
+    fam = m.get("alpha_by_family", {})
+    if fam:
+        rows += ["", "| family | cycles | alpha routine | alpha commitment |", "|---|---|---|---|"]
+        rows += [f"| {f} | {a['cycles']} | {_f(a['alpha_routine'], '.1%', 0)} | {_f(a['alpha_commitment'], '.1%', 0)} |"
+                 for f, a in sorted(fam.items())]
+    return "\n".join(rows + ["", f"Same text as plain decoding: {m['identical']['equal']:,} of "
+                                  f"{m['identical']['cycles']:,} cycles; cycle speedup "
+                                  f"{_f(m['cycle_speedup_p50'], '.2f', 0)}x at the p50."])
+
+
 def table(record: dict) -> str:
     """The record's table; a mode with no successful cycle (or no plain reference) prints "-"
     where a number would need one, and a line says why."""
