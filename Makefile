@@ -20,7 +20,7 @@ EDGELLM_VENV ?= .venv-edgellm
 EDGELLM      ?= tensorrt-edgellm[export]==0.11.0
 EDGELLM_STAMP = $(EDGELLM_VENV)/.edgellm-installed
 
-.PHONY: all install edgellm test lint demo scenes train train-causal claims engines engines-cpu bench bench-ort profile drive tools clean help
+.PHONY: all install edgellm test lint demo scenes train train-causal claims engines engines-cpu bench bench-ort profile drive results report tools clean help
 
 all: test
 
@@ -34,6 +34,7 @@ help:
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
 	@echo "make engines-cpu  export the shipped checkpoint to ONNX (-> build/engines/tiny-ort) for --engines"
 	@echo "make profile  stage ranges of planner cycles (nsys on a GPU, else a Chrome trace) -> out/profile"
+	@echo "make results  re-run every stale results JSON (missing, or of another checkpoint), then re-render the tables of README.md and docs/"
 	@echo "make drive    closed-loop drives (4 test drives x 4 s, plain/speculative, budget on/off) at this CPU's and a simulated Orin latency -> out/drive"
 
 $(STAMP): pyproject.toml Makefile
@@ -129,6 +130,15 @@ bench-ort: engines-cpu
 # Speculative vs plain decoding on the shipped checkpoints (table, JSON, plots in out/bench).
 bench: $(STAMP)
 	$(PY) -m tools.cli bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --ks 4,8,16 --json out/bench/bench.json
+
+# Every measurement table of README.md and docs/ from its stamped JSON (bench/report/registry.py): re-runs
+# what is missing or stamped with another checkpoint than checkpoints/tiny, then re-renders; `make
+# report` only re-renders.
+results: $(STAMP)
+	$(PY) -m tools.cli report --run-stale
+
+report: $(STAMP)
+	$(PY) -m tools.cli report
 
 # Profile planner cycles on the shipped checkpoint: under Nsight Systems where nsys and a GPU are
 # (report out/profile/profile_cpu_torch_tiny.nsys-rep), else ranges recorded here (out/profile:

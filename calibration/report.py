@@ -221,15 +221,22 @@ def markdown(report: dict) -> str:
     lines = [f"# Accuracy by precision ({report['scenes']} {report['split']} scenes, greedy, budget off)", "",
              f"Calibration set {report['calibration_sha256'][:12]} ({report['calibration_scenes']} train scenes). "
              f"Goal: tau within {GOAL['tau']:.0%} of fp32, ADE within {GOAL['ade']:.0%}.", "",
-             "| variant | quantized graphs | tau | cause | decision | ADE (m) | differs from fp32 | max traj. diff (m) | goal |",
+             variants_table(report)]
+    lines += ["", "## Verdicts", ""] + [f"- {v}" for v in report["verdicts"]] + [""]
+    return "\n".join(lines)
+
+
+def variants_table(report: dict) -> str:
+    """One row per variant against fp32 (report.md; docs/engines.md renders it via `specdrive report`)."""
+    lines = ["| variant | quantized graphs | tau | cause | decision | ADE (m) | differs from fp32 | max traj. diff (m) | goal |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["variants"].items():
         goal = "reference" if name == "fp32" else ("met" if r["tau_ok"] and r["ade_ok"] else "missed")
+        change = "" if name == "fp32" else f" (tau {r['tau_change']:+.1%}, ADE {_pct(r['ade_change'])})"
         lines.append(f"| {name} | {', '.join(r['graphs']) or '-'} | {r['tau']:.3f} | {r['cause_acc']:.0%} | "
                      f"{r['decision_acc']:.0%} | {_num(r['ade'])} | {_frac(r.get('differs_from_fp32'))} | "
-                     f"{_num(r.get('trajectory_diff_max_m'))} | {goal} |")
+                     f"{_num(r.get('trajectory_diff_max_m'))} | {goal}{change} |")
     lines += [f"| {name} | left out: {why} | | | | | | | |" for name, why in report.get("left_out", {}).items()]
-    lines += ["", "## Verdicts", ""] + [f"- {v}" for v in report["verdicts"]] + [""]
     return "\n".join(lines)
 
 

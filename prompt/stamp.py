@@ -213,3 +213,22 @@ def stale_markers(text: str, fingerprint: str, where: str = "markdown") -> list[
     """Results blocks whose opening marker carries another fingerprint than `fingerprint`."""
     return [f"{where}:{b.open_line + 1}: {b.name} fingerprint={b.fingerprint[:12]}"
             for b in blocks(text, where) if b.fingerprint != fingerprint]
+
+
+def published_files(root) -> list[Path]:
+    """The markdown whose tables are published: README.md and docs/*.md under `root`."""
+    root = Path(root)
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
+
+
+def published_problems(root, fingerprint: str) -> list[str]:
+    """Every results marker of README.md and docs/*.md with another fingerprint than
+    `fingerprint`, and every table outside the markers not marked as a reference table
+    (ConfigError on unbalanced markers). Empty when every table is rendered on that checkpoint."""
+    root, out = Path(root), []
+    for p in published_files(root):
+        text, where = p.read_text(), p.relative_to(root).as_posix()
+        out += [f"{s} (not the shipped checkpoint's {fingerprint[:12]})" for s in stale_markers(text, fingerprint, where)]
+        out += [f"{s} (a table outside any results marker; mark it '{REFERENCE}' if it holds no measured number)"
+                for s in tables_outside(text, where)]
+    return out

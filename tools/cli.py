@@ -31,6 +31,7 @@ def _subcommands():
         "engines": "tools.engines:add_parser",
         "calibrate": "tools.calibrate:add_parser",
         "drive": "tools.closed_loop:add_parser",
+        "report": "tools.report:add_parser",
     }
 
 

@@ -279,8 +279,19 @@ def alpha_position_png(splits: dict, png, split: str = "test", max_pos: int = 60
     plt.close(fig)
 
 
-def sections(splits: dict, img_dir, rel) -> list[str]:
-    """The markdown sections (pictures written into img_dir, linked as rel/NAME)."""
+def marked(name: str, table: list[str], stamp: dict | None, source: str) -> list[str]:
+    """A table between the results markers `specdrive report` re-renders (prompt/stamp.py), with
+    the metrics' stamp: its checkpoint fingerprint is what tests/test_results_stamps.py checks."""
+    from prompt.stamp import stamp_line
+
+    stamp = stamp or {}
+    return [f"<!-- results claims-{name} fingerprint={stamp.get('fingerprint') or 'unknown'} -->",
+            stamp_line(stamp, source), "", *table, f"<!-- /results claims-{name} -->"]
+
+
+def sections(splits: dict, img_dir, rel, stamp: dict | None = None, source: str = "metrics.json") -> list[str]:
+    """The markdown sections (pictures written into img_dir, linked as rel/NAME), each table
+    between results markers carrying `stamp`'s fingerprint."""
     img_dir = Path(img_dir)
     img_dir.mkdir(parents=True, exist_ok=True)
     attention_png(splits, img_dir / "claims_attention.png")
@@ -291,11 +302,11 @@ def sections(splits: dict, img_dir, rel) -> list[str]:
             "adjusts the p values within each family: the tau comparisons, the attention comparisons. A verdict "
             "of holds or does not hold needs an adjusted p below 0.05; otherwise the row says what it could "
             "have detected (80 % power at the family's strictest level).", "",
-            *verdict_table(splits), "",
+            *marked("verdicts", verdict_table(splits), stamp, source), "",
             "## Acceptance, per draft group over its seeds", "",
             "Intervals: 95% bootstrap over scenes of the seed-pooled ratio; per-seed tau in its own column. "
             "Draft share of CoC = accepted draft tokens / CoC tokens (1 - 1/tau); tokens per accepted block = "
-            "accepted draft tokens per target pass.", "", *acceptance_table(splits), "",
+            "accepted draft tokens per target pass.", "", *marked("acceptance", acceptance_table(splits), stamp, source), "",
             "## Paired differences (same scenes, same seeds)", "",
             "The seed-level interval resamples the training seeds, then the scenes within each drawn seed "
             "(train.claims.hierarchical_diff), so it carries the spread from one seed to the next. p (Holm): the "
@@ -304,22 +315,22 @@ def sections(splits: dict, img_dir, rel) -> list[str]:
             "not hold only where the adjusted p is below 0.05; otherwise not resolved at this power. The "
             "scene-level interval pools the seeds and leaves their spread out; the last column gives each seed's "
             "own difference.", "",
-            *comparison_table(splits), "",
+            *marked("comparison", comparison_table(splits), stamp, source), "",
             "## Attention mass by key type at the reasoning rows (test, mean over seeds)", "",
-            f"![attention mass]({rel / 'claims_attention.png'})", "", *attention_table(splits), "",
+            f"![attention mass]({rel / 'claims_attention.png'})", "", *marked("attention", attention_table(splits), stamp, source), "",
             "## Per-token acceptance by position within the CoC (test)", "",
             f"![alpha by position]({rel / 'claims_alpha_position.png'})", "",
             "## Action quality under a budget of target passes", "",
             "The budget lets P target passes write the CoC (plain decoding: P tokens; a draft: what its exact "
             "greedy loop at k = 8 emits in P passes), then closes it with <|cot_end|>; the expert then plans "
             "(mean of 8 draws). The text is still the target's, only shorter when the draft is worse.", "",
-            *budget_table(splits), "",
-            "## AARL runs against their starting draft", "", *aarl_table(splits), ""]
+            *marked("budget", budget_table(splits), stamp, source), "",
+            "## AARL runs against their starting draft", "", *marked("aarl", aarl_table(splits), stamp, source), ""]
 
 
 def write(metrics_json, out_md, img_dir, rel="img") -> str:
     m = json.loads(Path(metrics_json).read_text())
     lines = [f"<!-- written by train.claims_report from {metrics_json}; do not edit by hand -->", "",
-             *sections(m["splits"], img_dir, rel)]
+             *sections(m["splits"], img_dir, rel, m.get("stamp"), str(metrics_json))]
     Path(out_md).write_text("\n".join(lines))
     return str(out_md)

@@ -32,7 +32,7 @@ def table(record: dict) -> str:
 
 
 def markdown_table(record: dict) -> str:
-    """The same numbers as a Markdown table (docs/bench.md, the README)."""
+    """The same numbers as a Markdown table (docs/bench.md and docs/engines.md, via `specdrive report`)."""
     rows = ["| mode | tau | mean k | c | tokens/s | decode speedup (min-max) | ideal | efficiency "
             "| same reasoning | trajectory max diff | cycle p50 / p99 ms | cycle speedup (min-max) "
             "| ADE m | limited by |",
@@ -47,6 +47,23 @@ def markdown_table(record: dict) -> str:
                     f"| {m['cycle_ms']['p50']:.0f} / {m['cycle_ms']['p99']:.0f} "
                     f"| {cs['p50']:.2f}x ({cs['min']:.2f}-{cs['max']:.2f}) | {_num(m.get('ade_m'), 0, 3)} "
                     f"| {m.get('factors', {}).get('limited_by', '-')} |")
+    return "\n".join(rows)
+
+
+def comparison_table(record: dict, modes: list[str]) -> str:
+    """A few modes side by side: cost, speed, acceptance and identity (docs/bench.md's draft-head
+    and EAGLE-3 comparisons, rendered from the `make bench` record)."""
+    by = {m["name"]: m for m in record["modes"]}
+    rows = ["| mode | tau | c | decode speedup | ideal | alpha routine / commitment | steps at the cap | "
+            "same reasoning | trajectory max diff | ADE m |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in modes:
+        m, wa = by[name], record["where_accepted"].get(name, {}).get("by_class", {})
+        rows.append(f"| {name} | {m['tau']:.2f} | {_num(m.get('c'), 0, 3)} | {m['decode_speedup']['all']:.2f}x "
+                    f"| {_num(m.get('ideal_speedup'), 0, 2)} | {_f(wa.get('routine', {}).get('accept_rate'), pct=True)} / "
+                    f"{_f(wa.get('commitment', {}).get('accept_rate'), pct=True)} "
+                    f"| {_f((m.get('free_running') or {}).get('at_cap'), pct=True)} "
+                    f"| {m['identical']['equal']}/{m['identical']['scenes']} "
+                    f"| {_num(m.get('trajectory_max_diff_m'), 0, 3)} m | {_num(m.get('ade_m'), 0, 3)} |")
     return "\n".join(rows)
 
 

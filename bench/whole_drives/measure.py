@@ -327,6 +327,53 @@ def _f(value, spec: str, width: int) -> str:
     return f"{'-':>{width}s}" if value is None else format(value, spec)
 
 
+def markdown_table(record: dict) -> str:
+    """The modes as a Markdown table (docs/bench.md, via `specdrive report`), then the goals."""
+    rows = ["| mode | cycle p50 ms | p99 ms | speedup | vision p50 ms | vision cut | prefill p50 ms | prefill cut "
+            "| blocks kept / cycle | tau | lookup acc/prop | model acc/prop | same text | alpha routine / commitment |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in record["modes"]:
+        failed = m.get("failed")
+        cyc, vis = (m["cycle_ms"], m["vision_ms"]) if not failed else ({"p50": None, "p99": None}, {"p50": None})
+        sp = m["cycle_speedup_p50"]
+        look = f"{m['lookup_accepted']}/{m['lookup_proposed']}" if m["lookup_proposed"] else "-"
+        model = f"{m['model_accepted']}/{m['model_proposed']}" if m["model_proposed"] else "-"
+        alpha = (f"{m['alpha_routine']:.1%} / {m['alpha_commitment']:.1%}"
+                 if m["alpha_routine"] is not None and m["alpha_commitment"] is not None else "-")
+        rows.append(f"| {m['name']} | {_f(cyc['p50'], '.1f', 0)} | {_f(cyc['p99'], '.1f', 0)} "
+                    f"| {'-' if sp is None else f'{sp:.2f}x'} | {_f(vis['p50'], '.2f', 0)} | {_f(m['vision_cut'], '.1%', 0)} "
+                    f"| {_f(None if failed else m['prefill_ms_p50'], '.2f', 0)} | {_f(m.get('prefill_cut'), '.1%', 0)} "
+                    f"| {_f(m.get('blocks_kept_per_cycle'), '.2f', 0)} | {m['tau']:.2f} | {look} | {model} | {m['identical']['equal']}/{m['identical']['cycles']} "
+                    f"| {alpha} |")
+    notes = table(record).split("\n")[len(record["modes"]) + 1:]
+    return "\n".join(rows + [""] + [f"- {n}" for n in notes])
+
+
+def phase_table(record: dict, mode: str) -> str:
+    """One mode's acceptance on all cycles and by phase (cycles whose label names a cause, cycles
+    on a road that looks clear), routine against commitment, and by family (docs/bench.md)."""
+    m = next(x for x in record["modes"] if x["name"] == mode)
+
+    def row(label, tau, a):
+        r, c = a["alpha_routine"], a["alpha_commitment"]
+        gap = "-" if r is None or c is None else f"{100 * (r - c):.1f} points"
+        return f"| {label} | {tau} | {_f(r, '.1%', 0)} | {_f(c, '.1%', 0)} | {gap} |"
+    rows = ["| cycles | tau | alpha routine | alpha commitment | gap |", "|---|---|---|---|---|",
+            row(f"all {m['identical']['cycles']:,}", f"{m['tau']:.2f}", m)]
+    ph = m.get("alpha_by_phase", {})
+    for key, what in (("named", "whose label names a cause"), ("clear", "on a road that looks clear")):
+        if key in ph:
+            rows.append(row(f"{ph[key]['cycles']:,} {what}", "", ph[key]))
+    fam = m.get("alpha_by_family", {})
+    if fam:
+        rows += ["", "| family | cycles | alpha routine | alpha commitment |", "|---|---|---|---|"]
+        rows += [f"| {f} | {a['cycles']} | {_f(a['alpha_routine'], '.1%', 0)} | {_f(a['alpha_commitment'], '.1%', 0)} |"
+                 for f, a in sorted(fam.items())]
+    return "\n".join(rows + ["", f"Same text as plain decoding: {m['identical']['equal']:,} of "
+                                  f"{m['identical']['cycles']:,} cycles; cycle speedup "
+                                  f"{_f(m['cycle_speedup_p50'], '.2f', 0)}x at the p50."])
+
+
 def table(record: dict) -> str:
     """The record's table; a mode with no successful cycle (or no plain reference) prints "-"
     where a number would need one, and a line says why."""

@@ -1,0 +1,138 @@
+"""`specdrive report` (tools/report.py): re-render every measurement table of README.md and docs/
+from its stamped results JSON; with run_stale, first re-run each run (bench/report/registry.py)
+whose JSON is missing or stamped with another checkpoint than checkpoints/tiny.
+
+Each table sits between `<!-- results NAME fingerprint=... -->` and `<!-- /results NAME -->`
+(prompt/stamp.py). A missing JSON without run_stale is a ConfigError (exit 2) naming the table and
+the command to run. check: write nothing; 1 when a table would change or is stale.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.report import registry
+from prompt.config import ConfigError
+from prompt.stamp import SHIPPED, folder_fingerprint, replace_block, stale_markers, stamp_line
+
+
+@dataclass(frozen=True)
+class ReportRun:
+    run_stale: bool = False
+    only: str | None = None        # comma list of tables (None: all)
+    check: bool = False
+
+
+def argv_of(command: str) -> list[str]:
+    """A registry command line -> what to execute: `specdrive X` runs this Python's tools.cli."""
+    args = shlex.split(command)
+    if args[0] == "specdrive":
+        return [sys.executable, "-m", "tools.cli", *args[1:]]
+    if args[0] == "make":
+        return args
+    raise ConfigError(f"registry command {command!r}: must start with 'specdrive' or 'make'")
+
+
+def load(path: str) -> dict | None:
+    p = Path(path)
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not JSON ({e}); re-run the command that writes it") from e
+
+
+def staleness(name: str, current: str) -> str | None:
+    """Why run `name` must run again (a missing JSON, no stamp, another fingerprint), or None."""
+    for out in registry.RUNS[name].outputs:
+        rec = load(out)
+        if rec is None:
+            return f"{out} is missing"
+        stamp = rec.get("stamp") if isinstance(rec, dict) else None
+        if not isinstance(stamp, dict):
+            return f"{out} has no stamp"
+        if stamp.get("fingerprint") != current:
+            return f"{out} is stamped {str(stamp.get('fingerprint'))[:12]}, not {current[:12]}"
+    return None
+
+
+def tables_of(only: str | None) -> list[str]:
+    if only is None:
+        return list(registry.TABLES)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    bad = [n for n in names if n not in registry.TABLES]
+    if bad or not names:
+        raise ConfigError(f"--only {only!r}: unknown table(s) {bad}; tables: {', '.join(registry.TABLES)}")
+    return names
+
+
+def run_stale(tables: list[str], current: str) -> None:
+    runs = list(dict.fromkeys(r for t in tables for r in registry.TABLES[t].runs))
+    for i, name in enumerate(runs, 1):
+        why = staleness(name, current)
+        if why is None:
+            print(f"report: [{i}/{len(runs)}] {name}: fresh", flush=True)
+            continue
+        print(f"report: [{i}/{len(runs)}] {name}: {why}; running {len(registry.RUNS[name].commands)} command(s)",
+              flush=True)
+        for cmd in registry.RUNS[name].commands:
+            print(f"report:   $ {cmd}", flush=True)
+            rc = subprocess.run(argv_of(cmd)).returncode
+            if rc != 0:
+                raise ConfigError(f"run {name!r}: `{cmd}` exited {rc}; fix it and run `specdrive report --run-stale` again")
+        why = staleness(name, current)
+        if why is not None:
+            raise ConfigError(f"run {name!r} ran, but {why}")
+
+
+def render(tables: list[str], check: bool, current: str) -> int:
+    texts, problems = {}, []
+    for t in tables:
+        entry = registry.TABLES[t]
+        records, stamps = [], []
+        for run in entry.runs:
+            for out in registry.RUNS[run].outputs:
+                rec = load(out)
+                if rec is None:
+                    raise ConfigError(f"table {t!r}: {out} is missing; run `{' && '.join(registry.RUNS[run].commands)}` "
+                                      "or `specdrive report --run-stale`")
+                records.append(rec)
+                stamps.append((out, rec.get("stamp") or {}))
+        fps = {s.get("fingerprint") for _, s in stamps}
+        fp = fps.pop() if len(fps) == 1 else None
+        if fp != current:
+            problems.append(f"{t}: stamped {', '.join(sorted(str(f)[:12] for f in ({fp} | fps)))}, "
+                            f"not checkpoints/tiny's {current[:12]}")
+        body = "\n\n".join(stamp_line(s, out) for out, s in stamps) + "\n\n" + entry.render(records)
+        for f in entry.files:
+            texts.setdefault(f, Path(f).read_text())
+            texts[f] = replace_block(texts[f], t, fp, body, f)
+        print(f"report: {t}: {'checked against' if check else 'rendered into'} {', '.join(entry.files)}", flush=True)
+    changed = [f for f, text in texts.items() if Path(f).read_text() != text]
+    if check:
+        for f in changed:
+            print(f"report: {f} would change", flush=True)
+    else:
+        for f in changed:
+            Path(f).write_text(texts[f])
+    for p in problems:
+        print(f"report: stale: {p}", flush=True)
+    others = [s for f in texts for s in stale_markers(texts[f], current, f)]
+    for s in others:
+        print(f"report: marker not on the shipped checkpoint: {s}", flush=True)
+    return 1 if check and (changed or problems) else 0
+
+
+def run(cfg: ReportRun) -> int:
+    """The command: optionally re-run what is stale, then render every table asked for."""
+    tables = tables_of(cfg.only)
+    current = folder_fingerprint(SHIPPED)
+    print(f"report: checkpoints/tiny fingerprint {current}", flush=True)
+    if cfg.run_stale and not cfg.check:
+        run_stale(tables, current)
+    return render(tables, cfg.check, current)

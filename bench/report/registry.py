@@ -1,0 +1,221 @@
+"""The registry of published results: every measurement table in README.md and docs/*.md.
+
+Two tables:
+- RUNS: NAME -> the commands that make a results JSON and the JSON files they write (each JSON
+  carries a `stamp`, prompt/stamp.py: checkpoint fingerprint, command, date, commit).
+- TABLES: NAME -> the runs it reads, the renderer (records -> markdown) and the markdown files
+  holding `<!-- results NAME fingerprint=... -->` ... `<!-- /results NAME -->`.
+
+`specdrive report` (tools/report.py, bench/report/command.py) re-renders every table from its JSON; with --run-stale it
+first re-runs each run whose JSON is missing or stamped with another checkpoint than
+checkpoints/tiny. A table whose renderer is None is kept as written (numbers from an earlier
+checkpoint that no command here regenerates yet); its marker says fingerprint=unknown, and the
+fingerprint test (tests/test_results_stamps.py) fails on it until it is regenerated.
+Renderers reuse the markdown of each command's own library; nothing is formatted twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+ENGINES = "build/engines/tiny-ort"
+EXPORT = f"specdrive export onnx --checkpoint checkpoints/tiny --out {ENGINES}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """Commands run in order (a `specdrive ...` or `make ...` line each); the last writes `outputs`."""
+    commands: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    runs: tuple[str, ...]                       # the RUNS it reads, in the renderer's order
+    files: tuple[str, ...]                      # markdown files with its markers
+    render: Callable[[list[dict]], str] | None  # the records (one per output, runs in order) -> markdown
+    why_not: str = ""                           # render None: why it is kept as written
+
+
+ROOFLINE = [(p, d, x) for p in ("alpamayo-r1-10b", "edge-2b") for d, x in (("orin-agx-64", "int8"), ("thor", "fp8"))]
+
+RUNS = {
+    "bench": Run(("specdrive bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --ks 4,8,16 "
+                  "--json out/bench/bench.json",), ("out/bench/bench.json",)),
+    "drives": Run(("specdrive bench --checkpoint checkpoints/tiny --drives data/drives --drive-count 4 --modes "
+                   "plain+vision,spec,spec+vision,spec+vision+lookup,spec+vision+stream,spec+vision+lookup+stream "
+                   "--drafts flat --threads 1 --json out/bench/drives.json",), ("out/bench/drives.json",)),
+    "drives20": Run(("specdrive bench --checkpoint checkpoints/tiny --drives data/drives --drive-count 20 --modes spec "
+                     "--drafts flat --no-adaptive --ks 8 --json out/bench/drives20-k8-flat.json",),
+                    ("out/bench/drives20-k8-flat.json",)),
+    "closed-loop": Run(("specdrive drive --checkpoint checkpoints/tiny --drives data/drives --latency "
+                        "orin-agx-64:edge-2b --budget-ms 700 --out out/drive20 --gifs 0 --quiet",),
+                       ("out/drive20/orin-agx-64_edge-2b/drives.json",)),
+    "roofline": Run(tuple(f"specdrive roofline --preset {p} --device {d} --precision {x} --memory "
+                          f"--json out/roofline/{p}_{d}.json" for p, d, x in ROOFLINE),
+                    tuple(f"out/roofline/{p}_{d}.json" for p, d, _ in ROOFLINE)),
+    "bench-ort": Run((EXPORT, f"specdrive bench --engines {ENGINES} --backend onnxruntime --scenes 16 --seed 0 "
+                              "--json out/bench-ort/bench.json"), ("out/bench-ort/bench.json",)),
+    "precision": Run((EXPORT, f"specdrive calibrate record --engines {ENGINES}",
+                      f"specdrive calibrate report --engines {ENGINES} --out out/calibration-report"),
+                     ("out/calibration-report/report.json",)),
+    "profile": Run(("specdrive profile --checkpoint checkpoints/tiny --cycles 16 --out out/profile",
+                    "specdrive roofline --preset tiny --device cpu --memory --validate out/profile/stats.json "
+                    "--json out/profile/roofline_cpu.json"),      # = make profile
+                   ("out/profile/stats.json", "out/profile/roofline_cpu.json")),
+    "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",)),
+}
+
+
+# --- renderers: each reuses its command's own markdown ------------------------------------------
+
+def headline(records: list[dict]) -> str:
+    """README: plain against the best mode of `specdrive bench` (decode and cycle speedup, same
+    reasoning) and against the fastest exact mode on whole drives."""
+    bench, drives = records
+    modes = {m["name"]: m for m in bench["modes"]}
+    plain, best = modes["plain"], modes[bench["best"]]
+    exact = [m for m in drives["modes"] if m["name"] != "plain" and not m.get("failed")
+             and m["identical"]["equal"] == m["identical"]["cycles"] and m["cycle_speedup_p50"] is not None]
+    fast = max(exact, key=lambda m: m["cycle_speedup_p50"]) if exact else None
+    dplain = next(m for m in drives["modes"] if m["name"] == "plain")
+    rows = ["| | decode-phase speedup | cycle p50 | cycle speedup | whole drives: cycle p50, speedup "
+            "| same reasoning as plain |", "|---|---|---|---|---|---|",
+            f"| plain target | 1.00x | {plain['cycle_ms']['p50']:.0f} ms | 1.00x "
+            f"| {dplain['cycle_ms']['p50']:.0f} ms, 1.00x | - |"]
+    drive = (f"{fast['name']}: {fast['cycle_ms']['p50']:.0f} ms, **{fast['cycle_speedup_p50']:.2f}x**"
+             if fast else "no exact mode")
+    same = (f"{best['identical']['equal']}/{best['identical']['scenes']} scenes"
+            + (f", {fast['identical']['equal']}/{fast['identical']['cycles']} drive cycles" if fast else ""))
+    sp, cs = best["decode_speedup"], best["cycle_speedup"]
+    rows.append(f"| {best['name']} (best) | **{sp['all']:.2f}x** ({sp['min']:.2f}-{sp['max']:.2f}) "
+                f"| {best['cycle_ms']['p50']:.0f} ms | **{cs['p50']:.2f}x** ({cs['min']:.2f}-{cs['max']:.2f}) "
+                f"| {drive} | {same} |")
+    return "\n".join(rows)
+
+
+def bench_report(records: list[dict]) -> str:
+    from bench.speedup.report import markdown_report
+    return markdown_report(records[0])
+
+
+def comparison(modes: tuple[str, ...]) -> Callable[[list[dict]], str]:
+    def render(records: list[dict]) -> str:
+        from bench.speedup.report import comparison_table
+        return comparison_table(records[0], list(modes))
+    return render
+
+
+def bench_table(records: list[dict]) -> str:
+    from bench.speedup.report import markdown_table
+    return markdown_table(records[0])
+
+
+def drives_table(records: list[dict]) -> str:
+    from bench.whole_drives.measure import markdown_table
+    return markdown_table(records[0])
+
+
+STREAM_MODES = ("plain", "spec+vision+lookup", "spec+vision+stream", "spec+vision+lookup+stream")
+
+
+def streaming_table(records: list[dict]) -> str:
+    """The drives run's streaming-prefill modes beside plain and spec+vision+lookup."""
+    from bench.whole_drives.measure import markdown_table
+    r = records[0]
+    return markdown_table({**r, "modes": [m for m in r["modes"] if m["name"] in STREAM_MODES]})
+
+
+def drives20(records: list[dict]) -> str:
+    from bench.whole_drives.measure import phase_table
+    return phase_table(records[0], "spec")
+
+
+def closed_loop(records: list[dict]) -> str:
+    from bench.closed_loop.report import table
+    r = records[0]
+    return table(r["records"], list(r["modes"]), r["latency"], r["budget_ms"])
+
+
+def roofline_snapshot(records: list[dict]) -> str:
+    from bench.roofline.report import snapshot_table
+    return snapshot_table(records)
+
+
+def roofline_drive(records: list[dict]) -> str:
+    from bench.roofline.report import drive_table
+    return drive_table(records)
+
+
+def precision(records: list[dict]) -> str:
+    from calibration.report import variants_table
+    return variants_table(records[0])
+
+
+def profile(records: list[dict]) -> str:
+    from bench.profiling.report import format_table
+    s = records[0]
+    return (format_table(s["stages"]) + f"\n\n{s['cycles']} cycles; prompt {s['prompt_len']} tokens, "
+            f"{s['reasoning_tokens']:.1f} reasoning tokens per cycle; peak host memory "
+            f"{s['peak_host_memory_mib']:.0f} MiB; {s['threads']} thread(s).")
+
+
+def roofline_validation(records: list[dict]) -> str:
+    from bench.roofline.command import format_validation
+    r = records[1]
+    peaks = r.get("peaks") or {}
+    return (format_validation(r["validation"]) + "\n\nThis CPU's peaks, measured in the same run "
+            f"(bench/roofline/microbench.py): {', '.join(f'{k} {v}' for k, v in peaks.items())}.")
+
+
+def claims(part: str) -> Callable[[list[dict]], str]:
+    def render(records: list[dict]) -> str:
+        from train import claims_report
+        return "\n".join(getattr(claims_report, part)(records[0]["splits"]))
+    render.__name__ = f"claims_{part}"
+    return render
+
+
+OLD = "numbers from an earlier checkpoint; no renderer regenerates them yet"
+
+TABLES = {
+    "headline": Table(("bench", "drives"), ("README.md",), headline),
+    "bench": Table(("bench",), ("docs/bench.md",), bench_report),
+    "draft-head-bench": Table(("bench",), ("docs/bench.md",),
+                              comparison(("flat k=4", "flat-v256 k=4", "flat k=8", "flat-v256 k=8"))),
+    "eagle3": Table(("bench",), ("docs/bench.md",), comparison(("flat k=4", "flat-v256 k=4", "eagle3-v256 k=4",
+                                                                 "flat k=8", "flat-v256 k=8", "eagle3-v256 k=8"))),
+    "drives": Table(("drives",), ("docs/bench.md",), drives_table),
+    "drives20-k8": Table(("drives20",), ("docs/bench.md",), drives20),
+    "streaming-drives": Table(("drives",), ("docs/bench.md",), streaming_table),
+    "closed-loop": Table(("closed-loop",), ("docs/drive.md",), closed_loop),
+    "roofline-snapshot": Table(("roofline",), ("docs/profile.md",), roofline_snapshot),
+    "roofline-drive": Table(("roofline",), ("docs/profile.md",), roofline_drive),
+    "profile": Table(("profile",), ("docs/profile.md",), profile),
+    "roofline-validation": Table(("profile",), ("docs/profile.md",), roofline_validation),
+    "bench-ort": Table(("bench-ort",), ("docs/engines.md",), bench_table),
+    "precision": Table(("precision",), ("docs/engines.md",), precision),
+    **{f"claims-{name}": Table(("claims",), ("docs/claims-data.md",), claims(f"{part}_table"))
+       for name, part in (("acceptance", "acceptance"), ("comparison", "comparison"), ("attention", "attention"),
+                          ("budget", "budget"), ("aarl", "aarl"))},
+}
+
+# Tables kept as written, with their numbers from an earlier checkpoint (fingerprint=unknown in
+# their markers): the command that measured each, for whoever regenerates it.
+LEGACY = {
+    "draft-head-c": ("docs/bench.md", "python -m tools.measure_c --preset edge-2b --draft-vocab full,32768,16384,8192,4096"),
+    "draft-head-coverage": ("docs/bench.md", "the draft vocabulary coverage of the corpus (docs/bench.md)"),
+    "draft-head-validation": ("docs/bench.md", "python -m tools.measure_c --preset edge-2b"),
+    "layouts-val": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
+    "layouts-test": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
+    "approximate": ("docs/bench.md", "specdrive bench --checkpoint runs/tiny-causal --drives data/drives"),
+    "soak": ("docs/bench.md", "SPECDRIVE_SOAK_CYCLES=1500 python -m pytest tests/test_soak.py -k whole_drive"),
+    "trees": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --trees \"16,8,4;32,8,8\""),
+    **{n: ("docs/drive.md", "specdrive drive --drives data/drives --latency orin-agx-64:edge-2b,measured "
+                            "--budget-ms 700,250 (an earlier checkpoint's modes)")
+       for n in ("drive-reuse-orin", "drive-reuse-measured", "drive-early-orin", "drive-early-orin-per-drive",
+                 "drive-early-measured")},
+    **{n: ("docs/claims.md", "make claims (docs/claims.md is written from docs/claims-data.md)")
+       for n in ("claims-verdicts", "claims-attention-summary", "claims-aarl-runs", "claims-aarl-seeds",
+                 "claims-4x-measured", "claims-4x-projected")},
+}
