@@ -64,6 +64,9 @@ RUNS = {
                     "--json out/profile/roofline_cpu.json"),      # = make profile
                    ("out/profile/stats.json", "out/profile/roofline_cpu.json")),
     "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",)),
+    "trees": Run(("specdrive bench --checkpoint checkpoints/tiny --drafts flat --ks 4,6,8 --trees \"16,8,4;32,8,8\" "
+                  "--scenes 16 --seed 0 --repeats 3 --threads 1 --json out/bench/trees.json",),
+                 ("out/bench/trees.json",)),
 }
 
 
@@ -198,24 +201,17 @@ TABLES = {
     **{f"claims-{name}": Table(("claims",), ("docs/claims-data.md",), claims(f"{part}_table"))
        for name, part in (("acceptance", "acceptance"), ("comparison", "comparison"), ("attention", "attention"),
                           ("budget", "budget"), ("aarl", "aarl"))},
+    "claims-verdicts": Table(("claims",), ("docs/claims.md", "docs/claims-data.md"), claims("verdict_table")),
+    "claims-attention-summary": Table(("claims",), ("docs/claims.md",), claims("attention_table")),
+    "claims-aarl-seeds": Table(("claims",), ("docs/claims.md",), claims("aarl_table")),
+    "claims-4x-measured": Table(("bench",), ("docs/claims.md",),
+                                comparison(("flat k=8", "mrope k=8", "flat-standalone k=8", "flat-aarl k=8"))),
+    "trees": Table(("trees",), ("docs/bench.md",), bench_report),
 }
 
 # Tables kept as written, with their numbers from an earlier checkpoint (fingerprint=unknown in
 # their markers): the command that measured each, for whoever regenerates it.
 LEGACY = {
-    "draft-head-c": ("docs/bench.md", "python -m tools.measure_c --preset edge-2b --draft-vocab full,32768,16384,8192,4096"),
-    "draft-head-coverage": ("docs/bench.md", "the draft vocabulary coverage of the corpus (docs/bench.md)"),
-    "draft-head-validation": ("docs/bench.md", "python -m tools.measure_c --preset edge-2b"),
-    "layouts-val": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
-    "layouts-test": ("docs/bench.md", "specdrive train eval --config configs/train/eval-layouts.yaml"),
-    "approximate": ("docs/bench.md", "specdrive bench --checkpoint runs/tiny-causal --drives data/drives"),
-    "soak": ("docs/bench.md", "SPECDRIVE_SOAK_CYCLES=1500 python -m pytest tests/test_soak.py -k whole_drive"),
-    "trees": ("docs/bench.md", "specdrive bench --checkpoint checkpoints/tiny --trees \"16,8,4;32,8,8\""),
-    **{n: ("docs/drive.md", "specdrive drive --drives data/drives --latency orin-agx-64:edge-2b,measured "
-                            "--budget-ms 700,250 (an earlier checkpoint's modes)")
-       for n in ("drive-reuse-orin", "drive-reuse-measured", "drive-early-orin", "drive-early-orin-per-drive",
-                 "drive-early-measured")},
     **{n: ("docs/claims.md", "make claims (docs/claims.md is written from docs/claims-data.md)")
-       for n in ("claims-verdicts", "claims-attention-summary", "claims-aarl-runs", "claims-aarl-seeds",
-                 "claims-4x-measured", "claims-4x-projected")},
+       for n in ("claims-4x-projected",)},
 }
