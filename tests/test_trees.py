@@ -330,45 +330,37 @@ def test_onnxruntime_trees_equal_plain_on_real_scenes(tiny_onnx):
         check_trees(be, PlannerConfig(spec=SpecConfig(tree="8,6,3")))
 
 
-def test_the_adaptive_choice_takes_the_tree_only_when_its_measured_rate_wins():
+def _tree_policy(tree_tokens: float | None = None):
+    """An adaptive policy with a 16,4,4 tree beside chains whose runs end at the first or second
+    token (the best chain gives ~1.5 tokens per ~6 ms; the tree costs ~12.7 ms a step); with
+    tree_tokens, the tree is measured at that many tokens per step and past its first looks."""
     from runtime.budget import tree_key
 
-    def policy(tree_tokens: float):
-        costs = CostModel(BudgetConfig())
-        costs.observe("draft", 1.0)
-        for w in range(1, 18):
-            costs.observe(("verify", w), 5.0 + 0.1 * w)
-        shape = TreeShape(16, 4, 4)
-        costs.observe(tree_key(shape), 6.0)
-        p = StepPolicy(costs, 4, True, 8, tree=shape)
-        for n in (0, 1) * 5:
-            p.rate.observe(4, n)            # runs end at the first or second token: the best
-                                            # chain gives ~1.5 tokens per ~6 ms
+    costs = CostModel(BudgetConfig())
+    costs.observe("draft", 1.0)
+    for w in range(1, 18):
+        costs.observe(("verify", w), 5.0 + 0.1 * w)
+    shape = TreeShape(16, 4, 4)
+    costs.observe(tree_key(shape), 6.0)
+    p = StepPolicy(costs, 4, True, 8, tree=shape)
+    for n in (0, 1) * 5:
+        p.rate.observe(4, n)
+        if tree_tokens is not None:
             p.tree_tau.observe(tree_tokens)
+    if tree_tokens is not None:
         p.tree_tau.asked = 1                # past the first measuring steps, not a re-measuring one
-        return p, shape
-    p, shape = policy(4.5)                  # 4.5 tokens per 12.7 ms beats the chain
+    return p, shape
+
+
+def test_the_adaptive_choice_takes_the_tree_only_when_its_measured_rate_wins():
+    p, shape = _tree_policy(4.5)            # 4.5 tokens per 12.7 ms beats the chain
     assert p.next_k(1, trees=True) == shape
-    p, shape = policy(1.2)                  # 1.2 tokens per 12.7 ms does not
+    p, shape = _tree_policy(1.2)            # 1.2 tokens per 12.7 ms does not
     assert isinstance(p.next_k(1, trees=True), int)
 
 
 def test_a_tree_that_keeps_losing_is_looked_at_less_and_less_and_a_winner_every_step():
-    from runtime.budget import tree_key
-
-    def policy(tree_tokens: float):
-        costs = CostModel(BudgetConfig())
-        costs.observe("draft", 1.0)
-        for w in range(1, 18):
-            costs.observe(("verify", w), 5.0 + 0.1 * w)
-        shape = TreeShape(16, 4, 4)
-        costs.observe(tree_key(shape), 6.0)
-        p = StepPolicy(costs, 4, True, 8, tree=shape)
-        for n in (0, 1) * 5:
-            p.rate.observe(4, n)
-        return p, shape
-
-    p, shape = policy(1.2)                  # loses to the chain
+    p, shape = _tree_policy()               # measured at 1.2 tokens a step: loses to the chain
     looks = []
     for ask in range(300):
         if p.next_k(1, trees=True) == shape:
@@ -378,7 +370,9 @@ def test_a_tree_that_keeps_losing_is_looked_at_less_and_less_and_a_winner_every_
     assert looks[:2] == [0, 1] and len(looks) <= 2 + 6
     gaps = np.diff(looks[2:])
     assert len(gaps) >= 3 and all(b > a for a, b in zip(gaps, gaps[1:]))
-    p, shape = policy(4.5)                  # wins: taken every step
+    p, shape = _tree_policy()
+    for _ in range(2):
+        p.tree_tau.observe(4.5)             # wins: taken every step
     assert all(p.next_k(1, trees=True) == shape for _ in range(50))
 
 
