@@ -2,11 +2,10 @@
 
     specdrive bench (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
                     [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive] [--trees "16,8,4;32,8,8"]
-                    [--scenes N --seed S] [--repeats R] [--warmup W] [--threads T] --json OUT [--plot PNG] [--accept-plot PNG]
+                    [--scenes N --seed S | --data DIR --split S] [--repeats R] [--threads T] --json OUT
     specdrive bench ... --drives DIR [--drive-count N] [--cycles C] [--modes M,..] --json OUT
 
-What it measures and writes: bench/speedup/ (snapshots) and bench/whole_drives/ (--drives), the
-libraries this command calls with a typed config (speedup_run, drives_run below).
+What it measures: bench/speedup/ (snapshots), bench/whole_drives/ (--drives), called with a typed config.
 """
 from __future__ import annotations
 
@@ -44,11 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trees", type=tree_list, default=(), help="token trees N,d,K ';'-separated (\"16,8,4;32,8,8\"): tree modes")
     p.add_argument("--scenes", type=int, default=16, help="synthetic scenes (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first scene")
-    p.add_argument("--split", default="test", help="split: with --data the dataset split; for synthetic "
-                   "scenes it picks only families and ranges (the same --seed gives the same scene in "
-                   "train, val and test; heldout and unseen differ)")
-    p.add_argument("--data", type=Path, help="dataset folder (`scenes generate`): bench the first --scenes "
-                   "scenes of its --split instead of synthetic ones (e.g. validation scenes)")
+    p.add_argument("--split", default="test", help="with --data its split; else families and ranges only")
+    p.add_argument("--data", type=Path, help="dataset folder: bench the first --scenes scenes of its --split")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds over all scenes and modes")
     p.add_argument("--warmup", type=int, default=1, help="untimed cycles per mode first")
     p.add_argument("--budget-ms", type=float, default=0.0, help="planner budget in the timed cycles "
