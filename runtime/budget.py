@@ -147,22 +147,20 @@ class CostModel:
         lucky pass makes a width look cheap and then it is chosen every step), the line does not.
         Where a backend's cost steps with width (GPU tiles) the line smooths the steps away; the
         budget's worst cases keep each width's own peak."""
-        if ("line", width) not in self._fits:
+        if "line" not in self._fits:     # (intercept, slope), fitted once per change of the means
             widths = sorted(k[1] for k in self.mean if isinstance(k, tuple) and k[0] == "verify")
-            if not widths:
-                value = self.expected(("verify", width))
-            elif len(widths) == 1:      # flat from the one measured: optimistic, so a wider one gets tried
-                value = self.mean[("verify", widths[0])]
-            else:
-                xs = np.array(widths, float)
+            if len(widths) == 1:        # flat from the one measured: optimistic, so a wider one gets tried
+                line = (self.mean[("verify", widths[0])], 0.0)
+            elif widths:
                 ys = np.array([self.mean[("verify", w)] for w in widths])
                 ws = np.sqrt([self.count.get(("verify", w), 1) for w in widths])
-                slope, icpt = np.polyfit(xs, ys, 1, w=ws)
-                if slope < 0:
-                    slope, icpt = 0.0, float(np.average(ys, weights=ws ** 2))
-                value = float(icpt + slope * width)
-            self._fits[("line", width)] = value
-        return self._fits[("line", width)]
+                slope, icpt = np.polyfit(np.array(widths, float), ys, 1, w=ws)
+                line = (float(icpt), float(slope)) if slope >= 0 else (float(np.average(ys, weights=ws ** 2)), 0.0)
+            else:
+                line = None
+            self._fits["line"] = line
+        line = self._fits["line"]
+        return self.expected(("verify", width)) if line is None else line[0] + line[1] * width
 
     def tree_worst(self, shape, pending: int = 1) -> float:
         """A token tree's step (runtime/tree.py): its whole draft (measured per shape; before that
