@@ -1,8 +1,9 @@
 """Measured step costs and the adaptive draft length.
 
 A step of draft length k emits E(k) = 1 + S(1) + ... + S(k) tokens on average, where S(j) is the
-probability that the first j draft tokens are accepted, and costs C(k) = k * c_draft +
-c_verify(k + 1); the adaptive policy picks
+probability that the first j draft tokens are accepted, and costs C(k) = c_draft(k) +
+c_verify(k + 1) (+ a step's overhead), each a line through the measured means (CostModel.draft_line,
+verify_line: a draft call has a fixed part besides its k steps); the adaptive policy picks
     k* = argmax_{1 <= k <= k_max} E(k) / C(k)
 from the measured costs (runtime.budget.CostModel, which also gives the budget its worst cases)
 and a running estimate of S.
@@ -18,9 +19,11 @@ then undervalues long k; the life table does not assume a shape.
 """
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
-from runtime.budget import CostModel, overhead_key, tree_key
+from runtime.budget import CostModel, draft_key, overhead_key, tree_key
 from runtime.config import K_MAX_LIMIT
 
 
@@ -43,48 +46,80 @@ class AcceptanceRate:
     follows the others, and, with none, the geometric model."""
 
     def __init__(self, decay: float = 0.95, prior: float = 2.0, positions: int = K_MAX_LIMIT):
-        self.decay, self.prior = decay, prior
-        # [table, j]: steps that proposed token j + 1 with the first j accepted; of those, the ones
-        # whose token j + 1 was rejected
-        self.at_risk = np.zeros((len(AT_EDGES) + 1, positions))
-        self.ended = np.zeros((len(AT_EDGES) + 1, positions))
-        self._hazards = None
+        self.decay, self.prior, self.positions = decay, prior, positions
+        # [table][j]: steps that proposed token j + 1 with the first j accepted; of those, the ones
+        # whose token j + 1 was rejected. Plain lists: the policy reads one table before every
+        # step, and numpy's per-call cost on arrays this small is most of a choice's time
+        self._risk = [[0.0] * positions for _ in range(len(AT_EDGES) + 1)]
+        self._ended = [[0.0] * positions for _ in range(len(AT_EDGES) + 1)]
+        self._col_risk, self._col_ended = [0.0] * positions, [0.0] * positions   # over all tables
+        self._rows: dict = {}      # table -> its hazards, until the next observation
+
+    @property
+    def at_risk(self) -> np.ndarray:
+        return np.array(self._risk)
+
+    @property
+    def ended(self) -> np.ndarray:
+        return np.array(self._ended)
 
     @staticmethod
     def table(at: int) -> int:
-        return int(np.searchsorted(AT_EDGES, at, side="right"))
+        return bisect.bisect_right(AT_EDGES, at)
 
     def observe(self, k: int, n: int, at: int = 0) -> None:
         if k == 0:
             return
-        if not 0 <= n <= k <= self.at_risk.shape[1]:
+        if not 0 <= n <= k <= self.positions:
             raise ValueError(f"a step of draft length k={k} accepted n={n}; allowed 0 <= n <= k <= "
-                             f"{self.at_risk.shape[1]}")
-        t, reached = self.table(at), min(n, k - 1) + 1
-        self.at_risk[t, :reached] = self.decay * self.at_risk[t, :reached] + 1.0
-        self.ended[t, :reached] *= self.decay
+                             f"{self.positions}")
+        t, reached, d = self.table(at), min(n, k - 1) + 1, self.decay
+        risk, ended = self._risk[t], self._ended[t]
+        col_risk, col_ended = self._col_risk, self._col_ended
+        for j in range(reached):
+            r, e = d * risk[j] + 1.0, d * ended[j]
+            col_risk[j] += r - risk[j]
+            col_ended[j] += e - ended[j]
+            risk[j], ended[j] = r, e
         if n < k:
-            self.ended[t, n] += 1.0
-        self._hazards = None
+            ended[n] += 1.0
+            col_ended[n] += 1.0
+        self._rows.clear()
 
     @property
     def value(self) -> float:
-        rejected, trials = self.ended.sum(), self.at_risk.sum()
+        rejected, trials = sum(self._col_ended), sum(self._col_risk)
         return (trials - rejected + 1.0) / (trials + 2.0)
 
-    def hazards(self, at: int = 0) -> np.ndarray:
+    def hazard_row(self, at: int = 0) -> list:
         """h(j) = P(draft token j + 1 rejected | the first j accepted), j = 0..positions-1, for a
-        step starting at offset `at`."""
-        if self._hazards is None:
-            pooled = 1.0 - self.value
-            pos = (self.ended.sum(0) + self.prior * pooled) / (self.at_risk.sum(0) + self.prior)
-            self._hazards = (self.ended + self.prior * pos) / (self.at_risk + self.prior)
-        return self._hazards[self.table(at)]
+        step starting at offset `at` (a list; `hazards` as an array)."""
+        t = self.table(at)
+        if t not in self._rows:
+            c, pooled = self.prior, 1.0 - self.value
+            row = []
+            for r, e, cr, ce in zip(self._risk[t], self._ended[t], self._col_risk, self._col_ended):
+                row.append((e + c * (ce + c * pooled) / (cr + c)) / (r + c))
+            self._rows[t] = row
+        return self._rows[t]
+
+    def hazards(self, at: int = 0) -> np.ndarray:
+        return np.array(self.hazard_row(at))
 
     def expected(self, k: int, at: int = 0) -> float:
         """E(k): tokens a step of draft length k starting at offset `at` emits (accepted draft
         tokens + the target's one)."""
-        return 1.0 + float(np.cumprod(1.0 - self.hazards(at)[:k]).sum())
+        return _tokens(self.hazard_row(at), k)[-1] if k else 1.0
+
+
+def _tokens(hazards, k_max: int) -> list:
+    """E(1), ..., E(k_max) from the hazards: E(k) = 1 + S(1) + ... + S(k)."""
+    out, surv, e = [], 1.0, 1.0
+    for h in hazards[:k_max]:
+        surv *= 1.0 - h
+        e += surv
+        out.append(e)
+    return out
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -99,13 +134,19 @@ def best_k(rate: "AcceptanceRate | float", costs: CostModel, k_max: int, pending
     """argmax over k in 1..k_max of E(k) / C(k) (tokens per ms), E from the life table of `rate`
     for a step at offset `at` (or the geometric model of a float a); draft=False: proposals that
     cost no draft step (lookup), C(k) = c_verify(k + 1)."""
+    return chain_choice(rate, costs, k_max, pending, draft, at)[0]
+
+
+def chain_choice(rate: "AcceptanceRate | float", costs: CostModel, k_max: int, pending: int = 1,
+                 draft: bool = True, at: int = 0) -> tuple[int, float]:
+    """best_k and its E(k) / C(k) (tokens per ms)."""
     if isinstance(rate, AcceptanceRate):
-        curve = 1.0 + np.cumsum(np.cumprod(1.0 - rate.hazards(at)[:k_max]))
-        tokens = lambda k: curve[k - 1]     # noqa: E731
+        tokens = _tokens(rate.hazard_row(at), k_max)
     else:
-        tokens = lambda k: expected_tokens(rate, k)     # noqa: E731
-    rates = [tokens(k) / max(costs.step_expected(k, pending, draft), 1e-9) for k in range(1, k_max + 1)]
-    return 1 + int(np.argmax(rates))
+        tokens = [expected_tokens(rate, k) for k in range(1, k_max + 1)]
+    rates = [e / max(c, 1e-9) for e, c in zip(tokens, costs.steps_expected(k_max, pending, draft))]
+    best = max(rates)
+    return 1 + rates.index(best), best
 
 
 class StepPolicy:
@@ -124,6 +165,7 @@ class StepPolicy:
         self.tree, self.cap_tree = tree, cap_tree
         self.tree_tau = tree_tau or TreeTau()
         self.at = 0        # tokens this phase's steps have emitted: the next step's offset
+        self._chain_k = None   # the chain tree_wins chose for this step (next_k reuses it)
 
     def next_k(self, pending: int, free: bool = False, trees: bool = False):
         """free: a lookup proposal waits: k by its own acceptance rate at no draft cost (fixed-k
@@ -131,6 +173,7 @@ class StepPolicy:
         caps it by the verify pass alone. trees: the step may be self.tree (a TreeShape is then
         returned): fixed, or, adaptive, when its measured tokens per ms beat the best chain's;
         a tree the budget refuses becomes a chain the budget caps."""
+        self._chain_k = None
         if trees and self.tree is not None:
             if not self.adaptive or self.tree_wins(pending):
                 shape = self.cap_tree(self.tree, pending) if self.cap_tree else self.tree
@@ -142,7 +185,10 @@ class StepPolicy:
             keep = self.k and not self.adaptive
             k = self.k if keep else best_k(self.free_rate, self.costs, self.k_max, pending, draft=False, at=self.at)
             return self.cap(k, pending, free=True) if self.cap else k
-        k = best_k(self.rate, self.costs, self.k_max, pending, at=self.at) if self.adaptive else self.k
+        if self.adaptive:       # the chain tree_wins priced for this step, else priced now
+            k = self._chain_k or best_k(self.rate, self.costs, self.k_max, pending, at=self.at)
+        else:
+            k = self.k
         return self.cap(k, pending) if self.cap else k
 
     def observe_overhead(self, ms: float, shape=None) -> None:
@@ -167,8 +213,7 @@ class StepPolicy:
             return True
         if "draft" not in self.costs.mean:      # no chain step measured yet: one is, before comparing
             return False
-        k = best_k(self.rate, self.costs, self.k_max, pending, at=self.at)
-        chain = self.rate.expected(k, self.at) / max(self.costs.step_expected(k, pending), 1e-9)
+        self._chain_k, chain = chain_choice(self.rate, self.costs, self.k_max, pending, at=self.at)
         tree = tau.tokens(self.at) / max(self.costs.tree_expected(self.tree, pending), 1e-9)
         if tree >= chain:
             tau.lost, tau.next_look = 0, tau.asked + 8
@@ -201,6 +246,7 @@ class StepPolicy:
         self.at += n + 1
         if k and not free:
             self.costs.observe("draft", draft_ms / k)
+            self.costs.observe(draft_key(k), draft_ms)
         self.costs.observe(("verify", width), verify_ms)
 
 

@@ -37,6 +37,11 @@ def tree_key(shape) -> str:
     return f"tree_draft:{shape}"
 
 
+def draft_key(k: int) -> str:
+    """CostModel key of one draft call that proposes k tokens: 'draft_call:k'."""
+    return f"draft_call:{k}"
+
+
 def overhead_key(shape=None) -> str:
     """CostModel key of what a step costs besides its draft and verify calls (acceptance, cache
     bookkeeping, the loop): 'overhead' for a chain step, 'overhead:N,d,K' for a tree's."""
@@ -66,7 +71,8 @@ class FakeClock:
 class CostModel:
     """Per-op costs in ms: a running mean (for speed) and an ageing peak (for worst cases).
 
-    Keys: "draft" (one draft step), ("verify", width), "overhead" (a step's cost besides its
+    Keys: "draft" (one draft step: a call's time over its k, the budget's worst case per token),
+    draft_key(k) (a whole draft call of k tokens: the adaptive choice's draft_line), ("verify", width), "overhead" (a step's cost besides its
     draft and verify calls; overhead_key), "vision", "prefill", "trajectory",
     "lookup" (one lookup search: with `searches`, every step's cost carries the search that
     precedes the next step, so the budget keeps room for it). Unmeasured verify widths are
@@ -78,6 +84,7 @@ class CostModel:
         self.peak: dict = {}
         self.count: dict = {}      # observations per key (weights of the verify line)
         self._fits: dict = {}      # (table name, width) -> extrapolation; cleared on every change
+        self._lengths = {"verify": set(), "draft": set()}    # the verify widths, draft call lengths measured
 
     def observe(self, key, ms: float) -> None:
         ms = float(ms)
@@ -85,6 +92,10 @@ class CostModel:
         self.mean[key] = ms if old is None else (1 - self.ema) * old + self.ema * ms
         self.peak[key] = max(self.peak.get(key, ms), ms)
         self.count[key] = self.count.get(key, 0) + 1
+        if isinstance(key, tuple) and key[0] == "verify":
+            self._lengths["verify"].add(key[1])
+        elif isinstance(key, str) and key.startswith("draft_call:"):
+            self._lengths["draft"].add(int(key[len("draft_call:"):]))
         self._fits.clear()
 
     def age(self) -> None:
@@ -97,6 +108,7 @@ class CostModel:
     def reset(self) -> None:
         """Forget every measurement (after a warm-up cycle): the priors apply again."""
         self.mean.clear(), self.peak.clear(), self.count.clear(), self._fits.clear()
+        self._lengths["verify"].clear(), self._lengths["draft"].clear()
 
     def prior(self, key) -> float:
         c = self.cfg
@@ -136,11 +148,40 @@ class CostModel:
         """The expected cost of a step, for choosing one (the adaptive policy): the verify pass from
         verify_line, not from that width's own running mean."""
         search = self.expected("lookup") if self.searches else 0.0
-        return k * self.expected("draft") * draft + self.verify_line(pending + k) + search + self.expected("overhead")
+        return (self.draft_line(k) if draft else 0.0) + self.verify_line(pending + k) + search \
+            + self.expected("overhead")
+
+    def steps_expected(self, k_max: int, pending: int = 1, draft: bool = True) -> list:
+        """step_expected of k = 1..k_max as one list (the adaptive choice prices every k before
+        every step, and every step changes the means: each line fitted once here, not k_max times)."""
+        self.draft_line(1), self.verify_line(pending + 1)      # fitted (or found None) once here
+        d, v = self._fits["draft_line"], self._fits["line"]
+        fixed = (self.expected("lookup") if self.searches else 0.0) + self.expected("overhead")
+        per = self.expected("draft") if draft and d is None else 0.0
+        out = []
+        for k in range(1, k_max + 1):
+            c = fixed + (per * k if d is None or not draft else d[0] + d[1] * k)
+            out.append(c + (self.expected(("verify", pending + k)) if v is None else v[0] + v[1] * (pending + k)))
+        return out
+
+    def draft_line(self, k: int) -> float:
+        """A draft call of k tokens from a line through every measured call length's mean (weighted
+        as verify_line, slope >= 0, intercept >= 0); with fewer than two lengths measured, k x the
+        mean per token. A call has a fixed part (feeding the tokens it missed, the call itself)
+        besides its k steps: priced per token, that part makes every longer k look dearer than it
+        is, the choice then drafts shorter, and short calls keep the per-token mean high."""
+        if not k:
+            return 0.0
+        if "draft_line" not in self._fits:
+            ks = sorted(self._lengths["draft"])
+            self._fits["draft_line"] = _line(ks, [self.mean[draft_key(j)] for j in ks],
+                                             [self.count.get(draft_key(j), 1) for j in ks]) if len(ks) > 1 else None
+        line = self._fits["draft_line"]
+        return k * self.expected("draft") if line is None else line[0] + line[1] * k
 
     def verify_line(self, width: int) -> float:
-        """A verify pass of `width` from a line through every measured width's mean (least squares,
-        each width weighted by the square root of its count, slope >= 0); with one width measured,
+        """A verify pass of `width` from a line through every measured width's mean (_line: least
+        squares, each width weighted by the square root of its count, slope >= 0); with one width measured,
         that width's mean for every width (optimistic: the next choice measures another), with
         none, the prior. A running mean of one width moves
         with every noisy pass; a choice between widths made from those means follows the noise (one
@@ -148,14 +189,12 @@ class CostModel:
         Where a backend's cost steps with width (GPU tiles) the line smooths the steps away; the
         budget's worst cases keep each width's own peak."""
         if "line" not in self._fits:     # (intercept, slope), fitted once per change of the means
-            widths = sorted(k[1] for k in self.mean if isinstance(k, tuple) and k[0] == "verify")
+            widths = sorted(self._lengths["verify"])
             if len(widths) == 1:        # flat from the one measured: optimistic, so a wider one gets tried
                 line = (self.mean[("verify", widths[0])], 0.0)
             elif widths:
-                ys = np.array([self.mean[("verify", w)] for w in widths])
-                ws = np.sqrt([self.count.get(("verify", w), 1) for w in widths])
-                slope, icpt = np.polyfit(np.array(widths, float), ys, 1, w=ws)
-                line = (float(icpt), float(slope)) if slope >= 0 else (float(np.average(ys, weights=ws ** 2)), 0.0)
+                line = _line(widths, [self.mean[("verify", w)] for w in widths],
+                             [self.count.get(("verify", w), 1) for w in widths])
             else:
                 line = None
             self._fits["line"] = line
@@ -190,7 +229,7 @@ class CostModel:
         return self._fits[(name, width)]
 
     def _fit(self, table: dict, width: int) -> float | None:
-        widths = sorted(w for key, w in ((k[0], k[1]) for k in table if isinstance(k, tuple)))
+        widths = sorted(k[1] for k in table if isinstance(k, tuple) and k[0] == "verify")
         if not widths:
             return None
         if len(widths) == 1:
@@ -202,6 +241,26 @@ class CostModel:
             slope = max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
             w0 = min(widths, key=lambda w: abs(w - width))
         return table[("verify", w0)] + slope * (width - w0)
+
+
+def _line(xs, ys, counts) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (xs, ys), each point weighted by the
+    square root of its count, with slope >= 0 and intercept >= 0: a negative slope gives the
+    weighted mean (flat), a negative intercept the weighted line through the origin. In closed
+    form over a few points: the adaptive choice refits before every step, and np.polyfit there
+    cost a tenth of a small model's step on a CPU."""
+    sw = sx = sy = sxx = sxy = 0.0
+    for x, y, c in zip(xs, ys, counts):     # weights (sqrt count)^2 = count
+        x, y, c = float(x), float(y), float(c)
+        sw, sx, sy, sxx, sxy = sw + c, sx + c * x, sy + c * y, sxx + c * x * x, sxy + c * x * y
+    det = sw * sxx - sx * sx
+    slope = (sw * sxy - sx * sy) / det if det > 0 else 0.0
+    if slope <= 0:
+        return sy / sw, 0.0
+    icpt = (sy - slope * sx) / sw
+    if icpt < 0:
+        return 0.0, sxy / sxx
+    return icpt, slope
 
 
 class CycleBudget:

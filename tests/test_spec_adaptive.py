@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from runtime.adaptive import AcceptanceRate, CostModel, StepPolicy, best_k, expected_tokens
+from runtime.budget import _line, draft_key
 from runtime.config import BudgetConfig
 
 
@@ -160,3 +161,53 @@ def test_what_a_step_costs_besides_its_calls_favours_longer_steps():
     policy.observe_overhead(15.0)
     assert policy.costs.step_expected(4) == pytest.approx(4 * 1.5 + 10.0 + 0.2 * 4 + 15.0)
     assert policy.next_k(1) > blind
+
+
+def test_a_draft_call_with_a_fixed_part_is_priced_by_a_line_not_per_token():
+    """A draft call costs a fixed part (feeding what it missed, the call) plus its k steps. Priced
+    per token (a call's time over its k), short calls look dear per token and every longer k is
+    overpriced: the choice drafts shorter than the true optimum, and keeps its short calls' high
+    per-token mean. The line through the measured calls recovers the true optimum."""
+    fixed, per, verify = 3.0, 0.6, 10.0
+    rate = AcceptanceRate(decay=1.0)
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        k = int(rng.integers(1, 9))
+        rate.observe(k, simulate_step(rng, 0.85, k))
+    true = [rate.expected(k) / (fixed + per * k + verify) for k in range(1, 9)]
+    policy = StepPolicy(costs(5.0, verify, 0.0), k=4, adaptive=True, k_max=8, rate=rate)
+    for k in (2, 3, 3, 4, 2, 3):                     # an adaptive run that drafted short so far
+        policy.observe(k, k, draft_ms=fixed + per * k, verify_ms=verify, width=k + 1)
+    line = policy.costs.draft_line
+    assert line(8) == pytest.approx(fixed + per * 8) and line(1) == pytest.approx(fixed + per)
+    per_token = [rate.expected(k) / (k * policy.costs.expected("draft") + verify) for k in range(1, 9)]
+    assert 1 + int(np.argmax(per_token)) < 1 + int(np.argmax(true))     # what pricing per token chose
+    assert policy.next_k(1) == 1 + int(np.argmax(true))
+    one = costs(5.0, verify, 0.0)                   # one call length measured: per token, as before
+    one.observe("draft", 1.0), one.observe(draft_key(4), 4.0)
+    assert one.draft_line(6) == 6.0
+
+
+def test_the_lines_keep_slope_and_intercept_non_negative():
+    assert _line([1, 2, 3], [5.0, 4.0, 3.0], [1, 1, 1]) == (4.0, 0.0)          # falling: the mean
+    icpt, slope = _line([4, 8], [1.0, 3.0], [1, 1])                           # through (0, -1)
+    assert icpt == 0.0 and slope == pytest.approx((4 * 1 + 8 * 3) / (16 + 64))  # through the origin
+    icpt, slope = _line([2, 4, 8], [3.0, 5.0, 9.0], [1, 4, 9])
+    assert (icpt, slope) == (pytest.approx(1.0), pytest.approx(1.0))
+
+
+def test_every_k_priced_at_once_is_each_k_priced_alone():
+    rng = np.random.default_rng(8)
+    for trial in range(20):
+        model = costs(2.0, 10.0, 0.5)
+        model.searches = bool(trial % 2)
+        for _ in range(int(rng.integers(0, 12))):
+            k = int(rng.integers(1, 9))
+            model.observe(("verify", k + 1), float(rng.uniform(5, 15)))
+            if rng.random() < 0.7:
+                model.observe("draft", float(rng.uniform(0.5, 2))), model.observe(draft_key(k), float(rng.uniform(1, 15)))
+            if rng.random() < 0.3:
+                model.observe("overhead", float(rng.uniform(0, 1))), model.observe("lookup", 0.2)
+        for pending, draft in ((1, True), (2, True), (1, False)):
+            assert model.steps_expected(8, pending, draft) == pytest.approx(
+                [model.step_expected(k, pending, draft) for k in range(1, 9)])
