@@ -152,17 +152,11 @@ class CostModel:
             + self.expected("overhead")
 
     def steps_expected(self, k_max: int, pending: int = 1, draft: bool = True) -> list:
-        """step_expected of k = 1..k_max as one list (the adaptive choice prices every k before
-        every step, and every step changes the means: each line fitted once here, not k_max times)."""
-        self.draft_line(1), self.verify_line(pending + 1)      # fitted (or found None) once here
-        d, v = self._fits["draft_line"], self._fits["line"]
+        """step_expected of k = 1..k_max (the adaptive choice prices every k before every step):
+        the lines are fitted once, at the first k, and the step's fixed terms looked up once."""
         fixed = (self.expected("lookup") if self.searches else 0.0) + self.expected("overhead")
-        per = self.expected("draft") if draft and d is None else 0.0
-        out = []
-        for k in range(1, k_max + 1):
-            c = fixed + (per * k if d is None or not draft else d[0] + d[1] * k)
-            out.append(c + (self.expected(("verify", pending + k)) if v is None else v[0] + v[1] * (pending + k)))
-        return out
+        return [(self.draft_line(k) if draft else 0.0) + self.verify_line(pending + k) + fixed
+                for k in range(1, k_max + 1)]
 
     def draft_line(self, k: int) -> float:
         """A draft call of k tokens from a line through every measured call length's mean (weighted
