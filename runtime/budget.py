@@ -76,15 +76,19 @@ class CostModel:
     draft and verify calls; overhead_key), "vision", "prefill", "trajectory",
     "lookup" (one lookup search: with `searches`, every step's cost carries the search that
     precedes the next step, so the budget keeps room for it). Unmeasured verify widths are
-    extrapolated linearly from the measured ones."""
+    extrapolated linearly from the measured ones.
 
-    def __init__(self, cfg: BudgetConfig, ema: float = 0.2, searches: bool = False):
+    The adaptive choice prices steps by two lines, draft_line (a draft call of k tokens) and
+    verify_line (a verify pass of a width), each fitted to every call measured, each call's weight
+    fading by `line_decay` with every later call of its kind (_Sums)."""
+
+    def __init__(self, cfg: BudgetConfig, ema: float = 0.2, searches: bool = False, line_decay: float = 0.98):
         self.cfg, self.ema, self.searches = cfg, ema, bool(searches)
         self.mean: dict = {}
         self.peak: dict = {}
-        self.count: dict = {}      # observations per key (weights of the verify line)
+        self.count: dict = {}      # observations per key
         self._fits: dict = {}      # (table name, width) -> extrapolation; cleared on every change
-        self._lengths = {"verify": set(), "draft": set()}    # the verify widths, draft call lengths measured
+        self._sums = {"verify": _Sums(line_decay), "draft": _Sums(line_decay)}   # (width or k, ms) of every call
 
     def observe(self, key, ms: float) -> None:
         ms = float(ms)
@@ -93,9 +97,9 @@ class CostModel:
         self.peak[key] = max(self.peak.get(key, ms), ms)
         self.count[key] = self.count.get(key, 0) + 1
         if isinstance(key, tuple) and key[0] == "verify":
-            self._lengths["verify"].add(key[1])
+            self._sums["verify"].add(key[1], ms)
         elif isinstance(key, str) and key.startswith("draft_call:"):
-            self._lengths["draft"].add(int(key[len("draft_call:"):]))
+            self._sums["draft"].add(int(key[len("draft_call:"):]), ms)
         self._fits.clear()
 
     def age(self) -> None:
@@ -108,7 +112,7 @@ class CostModel:
     def reset(self) -> None:
         """Forget every measurement (after a warm-up cycle): the priors apply again."""
         self.mean.clear(), self.peak.clear(), self.count.clear(), self._fits.clear()
-        self._lengths["verify"].clear(), self._lengths["draft"].clear()
+        self._sums["verify"].clear(), self._sums["draft"].clear()
 
     def prior(self, key) -> float:
         c = self.cfg
@@ -159,39 +163,33 @@ class CostModel:
                 for k in range(1, k_max + 1)]
 
     def draft_line(self, k: int) -> float:
-        """A draft call of k tokens from a line through every measured call length's mean (weighted
-        as verify_line, slope >= 0, intercept >= 0); with fewer than two lengths measured, k x the
-        mean per token. A call has a fixed part (feeding the tokens it missed, the call itself)
-        besides its k steps: priced per token, that part makes every longer k look dearer than it
-        is, the choice then drafts shorter, and short calls keep the per-token mean high."""
+        """A draft call of k tokens from the line through every measured call (_Sums.line: slope
+        >= 0, intercept >= 0); with one call length measured, k x the mean per token. A call has a
+        fixed part (feeding the tokens it missed, the call itself) besides its k steps: priced per
+        token, that part makes every longer k look dearer than it is, the choice then drafts
+        shorter, and short calls keep the per-token mean high."""
         if not k:
             return 0.0
         if "draft_line" not in self._fits:
-            ks = sorted(self._lengths["draft"])
-            self._fits["draft_line"] = _line(ks, [self.mean[draft_key(j)] for j in ks],
-                                             [self.count.get(draft_key(j), 1) for j in ks]) if len(ks) > 1 else None
+            self._fits["draft_line"] = self._sums["draft"].line()
         line = self._fits["draft_line"]
         return k * self.expected("draft") if line is None else line[0] + line[1] * k
 
     def verify_line(self, width: int) -> float:
-        """A verify pass of `width` from a line through every measured width's mean (_line: least
-        squares, each width weighted by the square root of its count, slope >= 0); with one width measured,
-        that width's mean for every width (optimistic: the next choice measures another), with
-        none, the prior. A running mean of one width moves
-        with every noisy pass; a choice between widths made from those means follows the noise (one
-        lucky pass makes a width look cheap and then it is chosen every step), the line does not.
-        Where a backend's cost steps with width (GPU tiles) the line smooths the steps away; the
-        budget's worst cases keep each width's own peak."""
-        if "line" not in self._fits:     # (intercept, slope), fitted once per change of the means
-            widths = sorted(self._lengths["verify"])
-            if len(widths) == 1:        # flat from the one measured: optimistic, so a wider one gets tried
-                line = (self.mean[("verify", widths[0])], 0.0)
-            elif widths:
-                line = _line(widths, [self.mean[("verify", w)] for w in widths],
-                             [self.count.get(("verify", w), 1) for w in widths])
-            else:
-                line = None
-            self._fits["line"] = line
+        """A verify pass of `width` from the line through every measured pass (_Sums.line: slope
+        >= 0); with one width measured, that width's mean for every width (optimistic: the next
+        choice measures another), with none, the prior.
+
+        Why every pass, each fading as later ones come, and not a line through each width's
+        running mean: the choice stops taking a width that looks dear, so that width's mean is
+        never measured again and whatever made it look dear stays. On a shared CPU one pass in a
+        hundred is slowed two-fold by another process; a width's mean that caught one keeps the
+        choice off that width for good (and a lucky pass makes a width look cheap and chosen every
+        step). In the sums, that pass's weight fades with every pass after it, whichever width it
+        had. Where a backend's cost steps with width (GPU tiles) the line smooths the steps away;
+        the budget's worst cases keep each width's own peak."""
+        if "line" not in self._fits:     # (intercept, slope), fitted once per change
+            self._fits["line"] = self._sums["verify"].line(flat=True)
         line = self._fits["line"]
         return self.expected(("verify", width)) if line is None else line[0] + line[1] * width
 
@@ -237,16 +235,48 @@ class CostModel:
         return table[("verify", w0)] + slope * (width - w0)
 
 
+class _Sums:
+    """Weighted sums (w, wx, wy, wxx, wxy) of (x, y) points, every point's weight multiplied by
+    `decay` when a later point is added: the least-squares line of the recent points, in O(1) a
+    point. `xs`: the x values seen since the last clear."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.clear()
+
+    def clear(self) -> None:
+        self.s = [0.0] * 5
+        self.xs: set = set()
+
+    def add(self, x: float, y: float) -> None:
+        d, x, y = self.decay, float(x), float(y)
+        self.s = [d * a + b for a, b in zip(self.s, (1.0, x, y, x * x, x * y))]
+        self.xs.add(x)
+
+    def line(self, flat: bool = False) -> tuple[float, float] | None:
+        """_line_of_sums of the points; one x seen: (mean, 0) if `flat`, else None; none: None."""
+        if not self.xs or (len(self.xs) == 1 and not flat):
+            return None
+        if len(self.xs) == 1:
+            return self.s[2] / self.s[0], 0.0
+        return _line_of_sums(*self.s)
+
+
 def _line(xs, ys, counts) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through (xs, ys), each point weighted by the
-    square root of its count, with slope >= 0 and intercept >= 0: a negative slope gives the
-    weighted mean (flat), a negative intercept the weighted line through the origin. In closed
-    form over a few points: the adaptive choice refits before every step, and np.polyfit there
-    cost a tenth of a small model's step on a CPU."""
+    """(intercept, slope) of the least-squares line through (xs, ys), each point weighted by its
+    count (_line_of_sums)."""
     sw = sx = sy = sxx = sxy = 0.0
-    for x, y, c in zip(xs, ys, counts):     # weights (sqrt count)^2 = count
+    for x, y, c in zip(xs, ys, counts):
         x, y, c = float(x), float(y), float(c)
         sw, sx, sy, sxx, sxy = sw + c, sx + c * x, sy + c * y, sxx + c * x * x, sxy + c * x * y
+    return _line_of_sums(sw, sx, sy, sxx, sxy)
+
+
+def _line_of_sums(sw: float, sx: float, sy: float, sxx: float, sxy: float) -> tuple[float, float]:
+    """(intercept, slope) of the weighted least-squares line from its sums, with slope >= 0 and
+    intercept >= 0: a negative slope gives the weighted mean (flat), a negative intercept the
+    weighted line through the origin. In closed form: the adaptive choice refits before every
+    step, and np.polyfit there cost a tenth of a small model's step on a CPU."""
     det = sw * sxx - sx * sx
     slope = (sw * sxy - sx * sy) / det if det > 0 else 0.0
     if slope <= 0:

@@ -195,6 +195,8 @@ def test_bad_bench_config_names_the_value():
         BenchConfig(ks=(4, 17))
     with pytest.raises(ConfigError, match="no speculative mode"):
         BenchConfig(ks=(), adaptive=False)
+    with pytest.raises(ConfigError, match="--aa copies the longest fixed chain"):
+        BenchConfig(ks=(), aa=True)
 
 
 def test_issue_bar_needs_speed_identity_and_efficiency():
@@ -209,3 +211,60 @@ def test_issue_bar_needs_speed_identity_and_efficiency():
     assert not criterion(rec(2.6, 0.8, 1.0))["met"]
     assert not criterion(rec(2.6, 0.9, 0.95))["met"]
     assert criterion({"best": None, "modes": []})["met"] is False
+
+
+def test_each_scene_runs_the_modes_in_its_own_drawn_order(tok, monkeypatch):
+    """A fixed order puts a mode always after the same mode, at the same place in the round; the
+    bench draws the order per scene and round (mode_order), the same in every run."""
+    import bench.speedup.measure as measure
+    from bench.common.stats import mode_order
+    seen = []
+    real = measure.timed_cycle
+    monkeypatch.setattr(measure, "timed_cycle", lambda planner, scene: seen.append((scene.name, planner)) or real(planner, scene))
+    cfg = BenchConfig(scenes=4, seed=5, repeats=2, warmup=0, ks=(2, 5), deadline_ms=0.0)
+    clock = FakeClock()
+    plain, draft = table(tok, clock), table(tok, clock)
+    modes = make_modes({"exact": draft}, plain, cfg)
+    monkeypatch.setattr(measure, "Planner", _Named(measure.Planner, modes))
+    run_bench(modes, bench_scenes(cfg), tok, PlannerConfig(max_reasoning_tokens=24), cfg, clock=clock)
+    names = [p.mode for _, p in seen]
+    rounds = [names[j:j + len(modes)] for j in range(0, len(names), len(modes))]
+    assert len(rounds) == cfg.repeats * cfg.scenes
+    want = [[m.name for m in mode_order(modes, cfg.seed, r, i)] for r in range(cfg.repeats) for i in range(cfg.scenes)]
+    assert rounds == want
+    assert all(sorted(r) == sorted(m.name for m in modes) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1                  # not one fixed order
+    assert mode_order(modes, cfg.seed, 1, 2) == mode_order(modes, cfg.seed, 1, 2)
+
+
+class _Named:
+    """Planner factory that tags each planner with its mode's name (the mode whose step list its
+    observer appends to)."""
+
+    def __init__(self, cls, modes):
+        self.cls, self.modes = cls, modes
+
+    def __call__(self, backend, tok, config, clock=None, observer=None):
+        p = self.cls(backend, tok, config, clock=clock, observer=observer)
+        p.mode = next(m.name for m in self.modes if observer.__self__ is m.steps)
+        return p
+
+
+def test_an_aa_control_is_the_longest_chain_again_and_its_gap_is_the_runs_noise(tok):
+    """--aa: each draft's longest chain a second time, the same work in the same run. On the table
+    backend's fake clock every call costs what it is priced, so the copy measures exactly what its
+    original does (gap 0); on a real machine the gap is the run's noise. The copy is never `best`."""
+    from bench.speedup import report
+    cfg = BenchConfig(scenes=3, seed=2, repeats=2, warmup=0, ks=(2, 5), aa=True, deadline_ms=0.0)
+    rec = run_table(tok, cfg, {"exact": {}, "noisy": {"noise": 0.3}})
+    names = [m["name"] for m in rec["modes"]]
+    assert names[-2:] == ["exact k=5 (A/A)", "noisy k=5 (A/A)"]
+    assert [a["mode"] for a in rec["aa"]] == ["exact k=5", "noisy k=5"]
+    by = {m["name"]: m for m in rec["modes"]}
+    for a in rec["aa"]:
+        assert a["speedup"] == by[a["mode"]]["decode_speedup"]["all"]
+        assert a["copy_speedup"] == by[a["mode"] + " (A/A)"]["decode_speedup"]["all"]
+        assert a["gap"] == 0.0
+    rec["modes"][-1]["decode_speedup"]["all"] = 99.0            # a copy that would be the fastest
+    assert not report.best_mode(rec).endswith("(A/A)")
+    assert any("A/A control: exact k=5" in line for line in report.aa_lines(rec))

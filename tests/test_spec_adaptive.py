@@ -211,3 +211,28 @@ def test_every_k_priced_at_once_is_each_k_priced_alone():
         for pending, draft in ((1, True), (2, True), (1, False)):
             assert model.steps_expected(8, pending, draft) == pytest.approx(
                 [model.step_expected(k, pending, draft) for k in range(1, 9)])
+
+
+def test_a_slow_pass_at_a_width_no_longer_taken_fades_from_the_verify_line():
+    """On a shared CPU one pass now and then is slowed by another process. A width's running mean
+    that caught one keeps it while the choice stays off that width, and the choice stays off it
+    because of it. The verify line is fitted to every pass, each fading with the passes after it:
+    the slow pass stops counting though its width is never measured again (its own mean, for the
+    budget's worst case, still has it)."""
+    true = lambda w: 10.0 + 0.1 * w
+    model = costs(2.0, 10.0, 0.5)
+    for w in (5, 9, 5, 9, 7, 7):
+        model.observe(("verify", w), true(w))
+    model.observe(("verify", 9), true(9) + 20.0)                # a pass slowed two-fold
+    assert model.verify_line(9) > true(9) + 2.0                 # right after it, it counts
+    for i in range(200):                                        # the choice takes 5..7 from then on
+        model.observe(("verify", 5 + i % 3), true(5 + i % 3))
+    for w in (2, 9):                                            # less than 1 % of the slow pass left
+        assert abs(model.verify_line(w) - true(w)) < 0.01 * 20.0
+    assert model.expected(("verify", 9)) > true(9) + 2.0        # the width's own mean kept it
+    slope = (model.verify_line(9) - model.verify_line(5)) / 4    # what prices a longer k: true 0.1
+    widths = (5, 6, 7, 9)                      # a line through the widths' means (count-weighted) keeps it:
+    _, old = _line(widths, [model.expected(("verify", w)) for w in widths],      # every longer k
+                   [model.count[("verify", w)] for w in widths])                 # priced dearer for good
+    assert old > 2 * 0.1
+    assert slope - 0.1 < (old - 0.1) / 5

@@ -1,7 +1,7 @@
 """`specdrive bench`: speculative vs plain decoding in one process, on the same scenes.
 
     specdrive bench (--checkpoint DIR | --engines DIR | --preset NAME --random-init SEED)
-                    [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive] [--trees "16,8,4;32,8,8"]
+                    [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive] [--trees "16,8,4;32,8,8"] [--aa]
                     [--scenes N --seed S | --data DIR --split S] [--repeats R] [--threads T] --json OUT
     specdrive bench ... --drives DIR [--drive-count N] [--cycles C] [--modes M,..] --json OUT
 
@@ -40,6 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
     p.add_argument("--ks", type=int_list(), default=(4, 8), help="fixed draft lengths, comma separated (default 4,8)")
     p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-k modes")
+    p.add_argument("--aa", action="store_true", help="A/A control: the longest --ks chain twice (the run's noise)")
     p.add_argument("--trees", type=tree_list, default=(), help="token trees N,d,K ';'-separated (\"16,8,4;32,8,8\"): tree modes")
     p.add_argument("--scenes", type=int, default=16, help="synthetic scenes (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first scene")
@@ -47,8 +48,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, help="dataset folder: bench the first --scenes scenes of its --split")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds over all scenes and modes")
     p.add_argument("--warmup", type=int, default=1, help="untimed cycles per mode first")
-    p.add_argument("--budget-ms", type=float, default=0.0, help="planner budget in the timed cycles "
-                   "(default 0 = off, so every mode decodes the same tokens)")
+    p.add_argument("--budget-ms", type=float, default=0.0, help="planner budget in the timed cycles (default 0 = off, so every mode decodes the same tokens)")
     p.add_argument("--deadline-ms", type=float, default=None, help="cycles longer than this count as "
                    "deadline misses (default: the profile's budget_ms)")
     p.add_argument("--max-reasoning", type=int, default=None, help="reasoning tokens per cycle at most")
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
 def speedup_run(args: argparse.Namespace) -> BenchRun:
     measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, data=args.data, repeats=args.repeats, warmup=args.warmup,
-                          ks=args.ks, adaptive=not args.no_adaptive, trees=args.trees, budget_ms=args.budget_ms,
+                          ks=args.ks, adaptive=not args.no_adaptive, trees=args.trees, aa=args.aa, budget_ms=args.budget_ms,
                           max_reasoning_tokens=args.max_reasoning, picture_scene=args.picture_scene)
     return BenchRun(source=model_source(args), measure=measure, json=args.json, drafts=args.drafts,
                     profile=args.profile, deadline_ms=args.deadline_ms, threads=args.threads, plot=args.plot,

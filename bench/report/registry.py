@@ -78,6 +78,11 @@ RUNS = {
     "trees": Run(("specdrive bench --checkpoint checkpoints/tiny --drafts flat --ks 4,6,8 --trees \"16,8,4;32,8,8\" "
                   "--scenes 16 --seed 0 --repeats 3 --threads 1 --json out/bench/trees.json",),
                  ("out/bench/trees.json",)),
+    # issue 36's adaptive goal, measured once on test scenes no change was tuned on (seeds 100-147),
+    # with an A/A control (the k = 8 chain twice): the run's own noise beside the difference
+    "adaptive": Run(("specdrive bench --checkpoint checkpoints/tiny --drafts flat --ks 6,8 --aa --scenes 48 "
+                     "--seed 100 --repeats 3 --threads 1 --json out/bench/adaptive.json",),
+                    ("out/bench/adaptive.json",)),
 }
 
 
@@ -234,6 +239,7 @@ TABLES = {
     "claims-4x-measured": Table(("bench",), ("docs/claims.md",),
                                 comparison(("flat k=8", "mrope k=8", "flat-standalone k=8", "flat-aarl k=8"))),
     "trees": Table(("trees",), ("docs/bench.md",), bench_report),
+    "adaptive": Table(("adaptive",), ("docs/bench.md",), bench_report),
     "claims-4x-projected": Table(("projection",), ("docs/claims.md",), projection),
 }
 

@@ -120,6 +120,8 @@ def write_outputs(cfg: BenchRun, record: dict) -> None:
     cfg.json.write_text(json.dumps(record, indent=1) + "\n")
     cfg.json.with_suffix(".md").write_text(report.markdown_report(record))
     print(report.table(record), flush=True)
+    for line in report.aa_lines(record):
+        print(line, flush=True)
     print(f"issue 6 bar (>= 2.5x, same output, >= 85% of ideal): {record['criterion']}", flush=True)
     pictures = f", {plot}, {accept}" if record["pictures"] else ""
     print(f"best: {best}; wrote {cfg.json} (and .md){pictures}", flush=True)

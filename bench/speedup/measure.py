@@ -1,8 +1,8 @@
 """The measurement of `specdrive bench`: every mode on the same scenes, in one process.
 
 Order: warm-up cycles of every mode (discarded, and their timings forgotten by the planner),
-then `repeats` rounds; in each round every scene goes through every mode in turn, so all modes
-see the same machine load (other processes on a shared CPU), which a ratio needs more than
+then `repeats` rounds; in each round every scene goes through every mode in turn (in an order
+drawn per scene and round, bench.common.stats.mode_order), so all modes see the same machine load (other processes on a shared CPU), which a ratio needs more than
 absolute accuracy. Each cycle is one `Planner.plan` with the garbage collector collected before
 and disabled inside; the decode phase (reasoning tokens) is the planner's own "reasoning" stage,
 vision and prefill are its other stages, never mixed in. The budget is off by default so that
@@ -28,9 +28,10 @@ from runtime.config import K_MAX_LIMIT, PlannerConfig, tree_shape, with_override
 from runtime.planner import Planner
 from bench.common import accept_map
 from bench.common.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
-                               loss_factors, spread)
+                               loss_factors, mode_order, spread)
 
 SCHEMA = "specdrive-bench/1"
+AA_SUFFIX = " (A/A)"     # the name of an A/A control: its original's, with this after it
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class BenchConfig:
     ks: tuple = (4, 8)
     adaptive: bool = True
     trees: tuple = ()
+    aa: bool = False              # A/A control: a second, identical copy of each draft's longest fixed chain
     budget_ms: float = 0.0        # the planner's budget in the timed cycles (0 = off)
     deadline_ms: float = 1000.0   # a cycle longer than this counts as a deadline miss
     max_reasoning_tokens: int | None = None
@@ -59,6 +61,8 @@ class BenchConfig:
         check_range("warmup", self.warmup, lo=0)
         if not self.ks and not self.adaptive:
             raise ConfigError("no speculative mode: give at least one k (--ks) or keep adaptive k")
+        if self.aa and not self.ks:
+            raise ConfigError("--aa copies the longest fixed chain: give at least one k (--ks)")
         for k in self.ks:
             check_range("ks", k, lo=1, hi=K_MAX_LIMIT)
         for t in self.trees:
@@ -101,7 +105,7 @@ class TimedCycle:
 def make_modes(draft_backends: dict, plain_backend, cfg: BenchConfig) -> list[Mode]:
     """plain on `plain_backend`, then for each {draft label: backend} every fixed k and adaptive,
     then every tree: fixed, and adaptive (a backend may serve several modes: an engines folder's
-    plain is k = 0 on it)."""
+    plain is k = 0 on it); with cfg.aa, last, each draft's longest chain again (AA_SUFFIX)."""
     modes = [Mode("plain", "none", 0, False, plain_backend)]
     for label, be in draft_backends.items():
         modes += [Mode(f"{label} k={k}", label, k, False, be) for k in cfg.ks]
@@ -112,7 +116,26 @@ def make_modes(draft_backends: dict, plain_backend, cfg: BenchConfig) -> list[Mo
             modes.append(Mode(f"{label} tree {t}", label, depth, False, be, tree=t))
             if cfg.adaptive:
                 modes.append(Mode(f"{label} adaptive tree {t}", label, 0, True, be, tree=t))
+    if cfg.aa:
+        k = max(cfg.ks)
+        modes += [Mode(f"{label} k={k}{AA_SUFFIX}", label, k, False, be) for label, be in draft_backends.items()]
     return modes
+
+
+def aa_gaps(modes: list) -> list:
+    """The A/A controls of a record's modes: each copy against its original, the same work in the
+    same run. Their gap is the run's own noise: a difference between two modes no larger than it
+    is not one this run can tell from none."""
+    by_name = {m["name"]: m for m in modes}
+    out = []
+    for m in modes:
+        if not m["name"].endswith(AA_SUFFIX):
+            continue
+        orig = by_name[m["name"][:-len(AA_SUFFIX)]]
+        a, b = orig["decode_speedup"]["all"], m["decode_speedup"]["all"]
+        out.append({"mode": orig["name"], "speedup": a, "copy_speedup": b,
+                    "gap": round(abs(a / b - 1.0), 4) if a and b else None})
+    return out
 
 
 def mode_config(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> PlannerConfig:
@@ -155,7 +178,7 @@ def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerCon
     bar = tqdm(total=cfg.repeats * len(scenes) * len(modes), desc="bench cycles", disable=not progress)
     for r in range(cfg.repeats):
         for i, scene in enumerate(scenes):
-            for m in modes:
+            for m in mode_order(modes, cfg.seed, r, i):
                 m.steps.clear()
                 res = timed_cycle(planners[m.name], scene)
                 steps = m.steps[:res.decode.get("steps", 0)]
@@ -175,7 +198,7 @@ def summarize(modes, scenes, cycles: dict, tok, cfg: BenchConfig) -> dict:
     out = [_mode_summary(m, cycles[m.name], plain, t1, cfg, scenes) for m in modes]
     where = {m.name: accept_map.where_accepted(_by_family(records[m.name], scenes)) for m in modes[1:]}
     return {"schema": SCHEMA, "target_step_ms": round(t1, 4), "modes": out, "where_accepted": where,
-            "cycles": _cycle_log(modes, cycles, records, scenes, tok)}
+            "aa": aa_gaps(out), "cycles": _cycle_log(modes, cycles, records, scenes, tok)}
 
 
 def cycle_speedup(plain_rep: list, per_rep: list) -> dict:

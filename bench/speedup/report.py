@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.common import accept_map
+from bench.speedup.measure import AA_SUFFIX
 
 HEADER = (f"{'mode':<26} {'tau':>5} {'k':>4} {'c':>6} {'tok/s':>7} {'speedup (min-max)':>18} "
           f"{'ideal':>6} {'eff':>5} {'same':>7} {'vision':>7} {'prefill':>7} {'traj':>7} "
@@ -134,8 +135,15 @@ def best_mode(record: dict) -> str | None:
     """The speculative mode with the highest decode speedup (all repeats) among those whose output
     equals plain decoding on every scene (None if there is none)."""
     ok = [m for m in record["modes"][1:] if m["identical"]["fraction"] == 1.0
-          and m["decode_speedup"]["all"] is not None]
+          and m["decode_speedup"]["all"] is not None and not m["name"].endswith(AA_SUFFIX)]
     return max(ok, key=lambda m: m["decode_speedup"]["all"])["name"] if ok else None
+
+
+def aa_lines(record: dict) -> list[str]:
+    """One line per A/A control (`bench --aa`): the two identical modes' speedups and their gap."""
+    return [f"A/A control: {a['mode']} measured {a['speedup']:.2f}x and its copy {a['copy_speedup']:.2f}x, "
+            f"a gap of {100 * a['gap']:.1f} %: differences between modes this small are within this run's noise"
+            for a in record.get("aa", []) if a["gap"] is not None]
 
 
 def markdown_report(record: dict) -> str:
@@ -157,6 +165,7 @@ def markdown_report(record: dict) -> str:
         lines.append("")
     lines += acceptance_table(record)
     lines += [f"- {m['note']}" for m in record["modes"] if m.get("note")]
+    lines += [f"- {line}" for line in aa_lines(record)]
     lines += ["", f"Setup: {s.get('source')}, backend {s.get('backend')} on {s.get('device')}, "
               f"{s.get('scenes')} scenes (seed {s.get('seed')}, split {s.get('split')}) x {s.get('repeats')} "
               f"repeats after {s.get('warmup')} warm-up cycle(s) per mode, greedy, budget "

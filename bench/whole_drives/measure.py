@@ -4,7 +4,8 @@ one process (the library of tools/bench.py's drives mode).
 Modes (each its own Planner, so each keeps its own cache): plain decoding, plain + vision reuse,
 speculative (the draft, adaptive k unless --no-adaptive: then the first --ks), speculative +
 vision reuse, speculative + vision reuse + lookup drafting. The drives run in order, cycle by
-cycle; at every cycle every mode plans it in turn (all modes see the same machine load), with
+cycle; at every cycle every mode plans it in turn, in an order drawn per cycle
+(bench.common.stats.mode_order; all modes see the same machine load), with
 the frames' identities (camera, time) given, and each planner forgets its cache when a new
 drive starts. Per mode: cycle p50/p99, the vision stage (p50 and the cut against plain
 decoding without reuse), prefill, reasoning and trajectory p50, tau, tokens proposed and
@@ -36,7 +37,7 @@ from prompt.config import ConfigError, check_range
 from runtime.config import PlannerConfig, ReuseConfig, tree_shape, with_overrides
 from runtime.planner import Planner
 from bench.common import accept_map
-from bench.common.stats import latency
+from bench.common.stats import latency, mode_order
 
 SCHEMA = "specdrive-bench-drives/1"
 MODES = ("plain", "plain+vision", "spec", "spec+vision", "spec+vision+lookup", "spec+vision+stream",
@@ -164,7 +165,7 @@ def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: li
         for p in planners.values():
             p.forget()
         for ci, c in enumerate(d.cycles):
-            for m in modes:
+            for m in mode_order(modes, 0, di, ci):
                 m.steps.clear()
                 res = _timed(planners[m.name], c, f"drive{di}/{ci}")
                 log[m.name].append(_cycle_row(di, ci, res, m.steps, tok)
