@@ -182,9 +182,9 @@ class CostModel:
 
         Why every pass, each fading as later ones come, and not a line through each width's
         running mean: the choice stops taking a width that looks dear, so that width's mean is
-        never measured again and whatever made it look dear stays. On a shared CPU one pass in a
-        hundred is slowed two-fold by another process; a width's mean that caught one keeps the
-        choice off that width for good (and a lucky pass makes a width look cheap and chosen every
+        never measured again and whatever made it look dear stays. On a shared CPU a pass's time
+        has a standard deviation of a fifth of its mean or more, and a few passes take twice the
+        mean; a width's mean that caught one keeps the choice off that width for good (and a lucky pass makes a width look cheap and chosen every
         step). In the sums, that pass's weight fades with every pass after it, whichever width it
         had. Where a backend's cost steps with width (GPU tiles) the line smooths the steps away;
         the budget's worst cases keep each width's own peak."""
@@ -238,7 +238,9 @@ class CostModel:
 class _Sums:
     """Weighted sums (w, wx, wy, wxx, wxy) of (x, y) points, every point's weight multiplied by
     `decay` when a later point is added: the least-squares line of the recent points, in O(1) a
-    point. `xs`: the x values seen since the last clear."""
+    point."""
+
+    FADED = 1e-9     # the x spread, relative to the mean x^2, below which the points are one x
 
     def __init__(self, decay: float):
         self.decay = decay
@@ -246,19 +248,20 @@ class _Sums:
 
     def clear(self) -> None:
         self.s = [0.0] * 5
-        self.xs: set = set()
 
     def add(self, x: float, y: float) -> None:
         d, x, y = self.decay, float(x), float(y)
         self.s = [d * a + b for a, b in zip(self.s, (1.0, x, y, x * x, x * y))]
-        self.xs.add(x)
 
     def line(self, flat: bool = False) -> tuple[float, float] | None:
-        """_line_of_sums of the points; one x seen: (mean, 0) if `flat`, else None; none: None."""
-        if not self.xs or (len(self.xs) == 1 and not flat):
+        """_line_of_sums of the points. Where they hold one x, or the other x values' weight has
+        faded to nothing (their slope would be round-off): (their mean, 0) if `flat`, else None;
+        with no points, None."""
+        w, sx, sy, sxx, _ = self.s
+        if w <= 0:
             return None
-        if len(self.xs) == 1:
-            return self.s[2] / self.s[0], 0.0
+        if w * sxx - sx * sx <= self.FADED * w * sxx:
+            return (sy / w, 0.0) if flat else None
         return _line_of_sums(*self.s)
 
 

@@ -236,3 +236,19 @@ def test_a_slow_pass_at_a_width_no_longer_taken_fades_from_the_verify_line():
                    [model.count[("verify", w)] for w in widths])                 # priced dearer for good
     assert old > 2 * 0.1
     assert slope - 0.1 < (old - 0.1) / 5
+
+
+def test_a_width_whose_weight_has_faded_to_nothing_gives_no_slope():
+    """One pass at width 5, then thousands at width 9 only: the width-5 pass's weight is 0.98^n,
+    and a slope through it would be round-off. The line is then flat at width 9's mean (for the
+    draft: no line, per-token pricing), as with one width measured."""
+    model = costs(2.0, 10.0, 0.5)
+    model.observe(("verify", 5), 30.0)
+    model.observe(draft_key(4), 30.0)
+    for _ in range(3000):
+        model.observe(("verify", 9), 11.0)
+        model.observe("draft", 1.0), model.observe(draft_key(8), 8.0)
+    assert model.verify_line(2) == pytest.approx(11.0) and model.verify_line(33) == pytest.approx(11.0)
+    assert model.draft_line(3) == pytest.approx(3.0)         # 3 x the per-token mean
+    model.observe(("verify", 5), 10.6)                       # a second width, measured now
+    assert model.verify_line(9) - model.verify_line(5) == pytest.approx(0.4, abs=0.05)

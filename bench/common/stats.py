@@ -109,8 +109,8 @@ def limiting_note(name: str, factors: dict, measured: float, ideal: float, tau: 
 def mode_order(modes: list, seed: int, *where: int) -> list:
     """`modes` in the order one scene (or drive cycle) runs them: a permutation drawn from
     (seed, *where), so it differs from scene to scene and is the same in every run. Run in one
-    fixed order, a mode always follows the same mode and sits at the same place in the round; on a
-    CPU shared with other work that alone measured two identical k = 8 modes 4 % apart in one
-    48-scene run. Drawn per scene, that effect falls on every mode alike."""
+    fixed order, a mode always follows the same mode and sits at the same place in the round, so
+    whatever that costs (caches the mode before it left cold, the load at that point of a round) falls
+    on that mode alone; drawn per scene, it falls on every mode alike."""
     order = np.random.default_rng([seed, *where]).permutation(len(modes))
     return [modes[i] for i in order]
