@@ -86,7 +86,6 @@ class CostModel:
         self.cfg, self.ema, self.searches = cfg, ema, bool(searches)
         self.mean: dict = {}
         self.peak: dict = {}
-        self.count: dict = {}      # observations per key
         self._fits: dict = {}      # (table name, width) -> extrapolation; cleared on every change
         self._sums = {"verify": _Sums(line_decay), "draft": _Sums(line_decay)}   # (width or k, ms) of every call
 
@@ -95,7 +94,6 @@ class CostModel:
         old = self.mean.get(key)
         self.mean[key] = ms if old is None else (1 - self.ema) * old + self.ema * ms
         self.peak[key] = max(self.peak.get(key, ms), ms)
-        self.count[key] = self.count.get(key, 0) + 1
         if isinstance(key, tuple) and key[0] == "verify":
             self._sums["verify"].add(key[1], ms)
         elif isinstance(key, str) and key.startswith("draft_call:"):
@@ -111,7 +109,7 @@ class CostModel:
 
     def reset(self) -> None:
         """Forget every measurement (after a warm-up cycle): the priors apply again."""
-        self.mean.clear(), self.peak.clear(), self.count.clear(), self._fits.clear()
+        self.mean.clear(), self.peak.clear(), self._fits.clear()
         self._sums["verify"].clear(), self._sums["draft"].clear()
 
     def prior(self, key) -> float:
@@ -184,9 +182,9 @@ class CostModel:
         running mean: the choice stops taking a width that looks dear, so that width's mean is
         never measured again and whatever made it look dear stays. On a shared CPU a pass's time
         has a standard deviation of a fifth of its mean or more, and a few passes take twice the
-        mean; a width's mean that caught one keeps the choice off that width for good (and a lucky pass makes a width look cheap and chosen every
-        step). In the sums, that pass's weight fades with every pass after it, whichever width it
-        had. Where a backend's cost steps with width (GPU tiles) the line smooths the steps away;
+        mean; a width's mean that caught one keeps the choice off that width for good (and a
+        lucky pass makes a width look cheap and chosen every step). In the sums, that pass's
+        weight fades with every pass after it, whichever width it had. Where a backend's cost steps with width (GPU tiles) the line smooths the steps away;
         the budget's worst cases keep each width's own peak."""
         if "line" not in self._fits:     # (intercept, slope), fitted once per change
             self._fits["line"] = self._sums["verify"].line(flat=True)
@@ -263,16 +261,6 @@ class _Sums:
         if w * sxx - sx * sx <= self.FADED * w * sxx:
             return (sy / w, 0.0) if flat else None
         return _line_of_sums(*self.s)
-
-
-def _line(xs, ys, counts) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through (xs, ys), each point weighted by its
-    count (_line_of_sums)."""
-    sw = sx = sy = sxx = sxy = 0.0
-    for x, y, c in zip(xs, ys, counts):
-        x, y, c = float(x), float(y), float(c)
-        sw, sx, sy, sxx, sxy = sw + c, sx + c * x, sy + c * y, sxx + c * x * x, sxy + c * x * y
-    return _line_of_sums(sw, sx, sy, sxx, sxy)
 
 
 def _line_of_sums(sw: float, sx: float, sy: float, sxx: float, sxy: float) -> tuple[float, float]:

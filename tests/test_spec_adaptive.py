@@ -1,9 +1,11 @@
 """Adaptive draft length: the expected-tokens model, the acceptance-rate estimate, the choice."""
+import collections
+
 import numpy as np
 import pytest
 
 from runtime.adaptive import AcceptanceRate, CostModel, StepPolicy, best_k, expected_tokens
-from runtime.budget import _line, draft_key
+from runtime.budget import _Sums, draft_key
 from runtime.config import BudgetConfig
 
 
@@ -188,6 +190,15 @@ def test_a_draft_call_with_a_fixed_part_is_priced_by_a_line_not_per_token():
     assert one.draft_line(6) == 6.0
 
 
+def _line(xs, ys, counts):
+    """The cost model's line through (xs, ys), each point taken `counts` times, none fading."""
+    sums = _Sums(1.0)
+    for x, y, c in zip(xs, ys, counts):
+        for _ in range(c):
+            sums.add(x, y)
+    return sums.line()
+
+
 def test_the_lines_keep_slope_and_intercept_non_negative():
     assert _line([1, 2, 3], [5.0, 4.0, 3.0], [1, 1, 1]) == (4.0, 0.0)          # falling: the mean
     icpt, slope = _line([4, 8], [1.0, 3.0], [1, 1])                           # through (0, -1)
@@ -221,19 +232,20 @@ def test_a_slow_pass_at_a_width_no_longer_taken_fades_from_the_verify_line():
     budget's worst case, still has it)."""
     true = lambda w: 10.0 + 0.1 * w
     model = costs(2.0, 10.0, 0.5)
+    passes = collections.Counter()
     for w in (5, 9, 5, 9, 7, 7):
-        model.observe(("verify", w), true(w))
-    model.observe(("verify", 9), true(9) + 20.0)                # a pass slowed two-fold
+        model.observe(("verify", w), true(w)), passes.update([w])
+    model.observe(("verify", 9), true(9) + 20.0), passes.update([9])     # a pass slowed two-fold
     assert model.verify_line(9) > true(9) + 2.0                 # right after it, it counts
     for i in range(200):                                        # the choice takes 5..7 from then on
-        model.observe(("verify", 5 + i % 3), true(5 + i % 3))
+        model.observe(("verify", 5 + i % 3), true(5 + i % 3)), passes.update([5 + i % 3])
     for w in (2, 9):                                            # less than 1 % of the slow pass left
         assert abs(model.verify_line(w) - true(w)) < 0.01 * 20.0
     assert model.expected(("verify", 9)) > true(9) + 2.0        # the width's own mean kept it
     slope = (model.verify_line(9) - model.verify_line(5)) / 4    # what prices a longer k: true 0.1
     widths = (5, 6, 7, 9)                      # a line through the widths' means (count-weighted) keeps it:
     _, old = _line(widths, [model.expected(("verify", w)) for w in widths],      # every longer k
-                   [model.count[("verify", w)] for w in widths])                 # priced dearer for good
+                   [passes[w] for w in widths])                                  # priced dearer for good
     assert old > 2 * 0.1
     assert slope - 0.1 < (old - 0.1) / 5
 

@@ -2,7 +2,8 @@
 
 Order: warm-up cycles of every mode (discarded, and their timings forgotten by the planner),
 then `repeats` rounds; in each round every scene goes through every mode in turn (in an order
-drawn per scene and round, bench.common.stats.mode_order), so all modes see the same machine load (other processes on a shared CPU), which a ratio needs more than
+drawn per scene and round, bench.common.stats.mode_order), so all modes see the same machine
+load (other processes on a shared CPU), which a ratio needs more than
 absolute accuracy. Each cycle is one `Planner.plan` with the garbage collector collected before
 and disabled inside; the decode phase (reasoning tokens) is the planner's own "reasoning" stage,
 vision and prefill are its other stages, never mixed in. The budget is off by default so that
