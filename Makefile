@@ -16,8 +16,12 @@ PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
 # TensorRT Edge-LLM's exporter (tests/test_edgellm.py runs it as a subprocess): a venv of its own,
 # because its `export` extra pins transformers, onnx and numpy versions that conflict with ours.
+# Its vision export imports modelopt, which only the package's `tools` extra brings; that extra also
+# pins torchvision, whose PyPI build does not load beside the CPU torch (transformers' imports then
+# fail: "operator torchvision::nms does not exist"), so the venv takes the `tools` extra's modelopt only.
 EDGELLM_VENV ?= .venv-edgellm
 EDGELLM      ?= tensorrt-edgellm[export]==0.11.0
+EDGELLM_VISUAL ?= nvidia-modelopt==0.45.0
 EDGELLM_STAMP = $(EDGELLM_VENV)/.edgellm-installed
 
 .PHONY: all install edgellm test lint demo scenes train train-causal claims engines engines-cpu bench bench-ort profile drive results report tools clean help
@@ -65,7 +69,7 @@ $(EDGELLM_STAMP): Makefile
 	@test -x $(EDGELLM_VENV)/bin/python || $(PYTHON) -m venv $(EDGELLM_VENV)
 	$(EDGELLM_VENV)/bin/python -m pip install -q --upgrade pip
 	@if [ -n "$(TORCH)" ]; then $(EDGELLM_VENV)/bin/python -m pip install -q "$(TORCH)"; fi
-	$(EDGELLM_VENV)/bin/python -m pip install -q "$(EDGELLM)"
+	$(EDGELLM_VENV)/bin/python -m pip install -q "$(EDGELLM)" "$(EDGELLM_VISUAL)"
 	@touch $(EDGELLM_STAMP)
 
 edgellm:
