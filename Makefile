@@ -16,12 +16,12 @@ PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
 # TensorRT Edge-LLM's exporter (tests/test_edgellm.py runs it as a subprocess): a venv of its own,
 # because its `export` extra pins transformers, onnx and numpy versions that conflict with ours.
-# Its vision export imports modelopt, which only the package's `tools` extra brings; that extra also
-# pins torchvision, whose PyPI build does not load beside the CPU torch (transformers' imports then
-# fail: "operator torchvision::nms does not exist"), so the venv takes the `tools` extra's modelopt only.
+# Its vision export imports tensorrt_edgellm.quantization (modelopt, datasets, ...), which only the
+# package's `tools` extra brings. That extra also pins torchvision, whose PyPI build does not load
+# beside the CPU torch: every exporter run then fails on import ("operator torchvision::nms does not
+# exist"). Nothing of the exporter needs it, so a torchvision that does not import is removed.
 EDGELLM_VENV ?= .venv-edgellm
-EDGELLM      ?= tensorrt-edgellm[export]==0.11.0
-EDGELLM_VISUAL ?= nvidia-modelopt==0.45.0
+EDGELLM      ?= tensorrt-edgellm[export,tools]==0.11.0
 EDGELLM_STAMP = $(EDGELLM_VENV)/.edgellm-installed
 
 .PHONY: all install edgellm test lint demo scenes train train-causal claims engines engines-cpu bench bench-ort profile drive results report tools clean help
@@ -69,7 +69,8 @@ $(EDGELLM_STAMP): Makefile
 	@test -x $(EDGELLM_VENV)/bin/python || $(PYTHON) -m venv $(EDGELLM_VENV)
 	$(EDGELLM_VENV)/bin/python -m pip install -q --upgrade pip
 	@if [ -n "$(TORCH)" ]; then $(EDGELLM_VENV)/bin/python -m pip install -q "$(TORCH)"; fi
-	$(EDGELLM_VENV)/bin/python -m pip install -q "$(EDGELLM)" "$(EDGELLM_VISUAL)"
+	$(EDGELLM_VENV)/bin/python -m pip install -q "$(EDGELLM)"
+	@$(EDGELLM_VENV)/bin/python -c "import torchvision" 2>/dev/null || $(EDGELLM_VENV)/bin/python -m pip uninstall -q -y torchvision
 	@touch $(EDGELLM_STAMP)
 
 edgellm:

@@ -320,7 +320,8 @@ def inline_vlm_config(path: Path, cfg: ModelConfig, tok) -> None:
 
 
 def readme(name: str, cfg: ModelConfig, layers, unmapped, dtype: str = "float16") -> str:
-    n, fixed = cfg.target.llm.layers, EDGELLM_ACTION_FIXED
+    llm, fixed = cfg.target.llm, EDGELLM_ACTION_FIXED
+    n = llm.layers
     lines = [
         "# specdrive planner for TensorRT Edge-LLM",
         "",
@@ -340,7 +341,7 @@ def readme(name: str, cfg: ModelConfig, layers, unmapped, dtype: str = "float16"
         "## On the Orin (JetPack with TensorRT Edge-LLM installed)",
         "",
         "```bash",
-        "pip install 'tensorrt-edgellm[export,tools]==" + EDGELLM_VERSION + "'   # tools: the vision export's modelopt",
+        f"pip install 'tensorrt-edgellm[export,tools]=={EDGELLM_VERSION}'   # tools: what its vision export imports",
         "# ONNX (on any machine with the package; CPU is enough)",
         "tensorrt-edgellm-export target onnx/base --eagle-base     # onnx/base/llm, onnx/base/visual",
         "tensorrt-edgellm-export draft onnx/draft                  # onnx/draft/llm",
@@ -363,12 +364,12 @@ def readme(name: str, cfg: ModelConfig, layers, unmapped, dtype: str = "float16"
         f"- **the expert's rotary sections.** Edge-LLM's action export writes `rope_scaling.mrope_section`",
         f"  {fixed['mrope_section']} and `rope_theta` {fixed['rope_theta']:g} into `onnx/action/action/config.json`",
         "  whatever the checkpoint says (scripts/export.py `_build_action_config`); ours is",
-        f"  {list(cfg.target.llm.mrope_section)} (head_dim {cfg.target.llm.head_dim}, theta {cfg.target.llm.rope_theta:g}).",
+        f"  {list(llm.mrope_section)} (head_dim {llm.head_dim}, theta {llm.rope_theta:g}).",
         "  The export raises no error: it exits 0, and the action graph takes `rope_rotary_cos_sin` as an",
         "  input that Edge-LLM's C++ runtime builds from those sections, so the expert would read other",
-        "  rotary angles than it was trained with. Setting `mrope_section` in that config.json to ours is",
-        "  what the runtime reads (its Alpamayo action runner parses it); not run here (the C++ runtime is not",
-        "  in the Python package).",
+        "  rotary angles than it was trained with. The runtime reads the sections from that config.json, so",
+        "  editing them there to ours may be the way around; not run here (the C++ runtime is not in the",
+        "  Python package).",
         *[f"- {u}" for u in unmapped if not u.startswith("rotary sections")],
         "- the draft reads its rotary positions as 1D row indices (FlatRoPE); Edge-LLM's runtime gives",
         "  the draft positions of its own, which for text after images may differ from the row index",

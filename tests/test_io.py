@@ -175,7 +175,8 @@ def test_save_alpamayo_refuses_a_frame_local_target_and_writes_nothing(tmp_path,
     from prompt.config import ConfigError
 
     _, _, expert = planner
-    frame_local = dataclasses.replace(cfg.target, llm=dataclasses.replace(cfg.target.llm, image_attention="frame_local"))
+    llm = dataclasses.replace(cfg.target.llm, image_attention="frame_local")
+    frame_local = dataclasses.replace(cfg.target, llm=llm)
     with pytest.raises(ConfigError, match="image_attention is 'frame_local'"):
         save_alpamayo(tmp_path / "a", Target(frame_local), expert, cfg)
     assert not (tmp_path / "a").exists()
