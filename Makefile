@@ -160,11 +160,13 @@ profile: $(STAMP)
 		--validate out/profile/stats.json --json out/profile/roofline_cpu.json; fi
 
 # Engines for an engine profile (configs/engines/PROFILE.yaml): export -> calibrate -> build, into
-# engines/build/PROFILE. Without TensorRT (as here) every step before the build runs, manifest.json
-# says built: false and how to install TensorRT on the device, and the command exits 3.
+# engines/build/PROFILE. The checkpoint: checkpoints/tiny, or checkpoints/tiny-causal for a
+# profile that also writes TensorRT-LLM checkpoints (thor-fp8, hopper-fp8: a causal mask of its
+# own). Without TensorRT (as here) every step before the build runs, manifest.json says built:
+# false and how to install TensorRT on the device, and the command exits 3.
 PROFILE ?= orin-fp16
 engines: $(STAMP)
-	$(PY) -m tools.cli engines build --profile $(PROFILE) --checkpoint checkpoints/tiny --out engines/build/$(PROFILE)
+	$(PY) -m tools.cli engines build --profile $(PROFILE) --out engines/build/$(PROFILE)
 
 clean:
 	rm -rf out build engines/build dist *.egg-info .pytest_cache .import_linter_cache
