@@ -16,8 +16,12 @@ PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
 # TensorRT Edge-LLM's exporter (tests/test_edgellm.py runs it as a subprocess): a venv of its own,
 # because its `export` extra pins transformers, onnx and numpy versions that conflict with ours.
+# Its vision export imports tensorrt_edgellm.quantization (modelopt, datasets, ...), which only the
+# package's `tools` extra brings. That extra also pins torchvision, whose PyPI build does not load
+# beside the CPU torch: every exporter run then fails on import ("operator torchvision::nms does not
+# exist"). Nothing of the exporter needs it, so a torchvision that does not import is removed.
 EDGELLM_VENV ?= .venv-edgellm
-EDGELLM      ?= tensorrt-edgellm[export]==0.11.0
+EDGELLM      ?= tensorrt-edgellm[export,tools]==0.11.0
 EDGELLM_STAMP = $(EDGELLM_VENV)/.edgellm-installed
 
 .PHONY: all install edgellm test lint demo scenes train train-causal claims engines engines-cpu bench bench-ort profile drive results report tools clean help
@@ -66,6 +70,7 @@ $(EDGELLM_STAMP): Makefile
 	$(EDGELLM_VENV)/bin/python -m pip install -q --upgrade pip
 	@if [ -n "$(TORCH)" ]; then $(EDGELLM_VENV)/bin/python -m pip install -q "$(TORCH)"; fi
 	$(EDGELLM_VENV)/bin/python -m pip install -q "$(EDGELLM)"
+	@$(EDGELLM_VENV)/bin/python -c "import torchvision" 2>/dev/null || $(EDGELLM_VENV)/bin/python -m pip uninstall -q -y torchvision
 	@touch $(EDGELLM_STAMP)
 
 edgellm:
@@ -155,11 +160,13 @@ profile: $(STAMP)
 		--validate out/profile/stats.json --json out/profile/roofline_cpu.json; fi
 
 # Engines for an engine profile (configs/engines/PROFILE.yaml): export -> calibrate -> build, into
-# engines/build/PROFILE. Without TensorRT (as here) every step before the build runs, manifest.json
-# says built: false and how to install TensorRT on the device, and the command exits 3.
+# engines/build/PROFILE. The checkpoint: checkpoints/tiny, or checkpoints/tiny-causal for a
+# profile that also writes TensorRT-LLM checkpoints (thor-fp8, hopper-fp8: a causal mask of its
+# own). Without TensorRT (as here) every step before the build runs, manifest.json says built:
+# false and how to install TensorRT on the device, and the command exits 3.
 PROFILE ?= orin-fp16
 engines: $(STAMP)
-	$(PY) -m tools.cli engines build --profile $(PROFILE) --checkpoint checkpoints/tiny --out engines/build/$(PROFILE)
+	$(PY) -m tools.cli engines build --profile $(PROFILE) --out engines/build/$(PROFILE)
 
 clean:
 	rm -rf out build engines/build dist *.egg-info .pytest_cache .import_linter_cache

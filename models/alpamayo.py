@@ -35,7 +35,7 @@ from prompt.config import ConfigError, read_json
 
 from models.action_expert import DT, MAX_FREQ, ActionExpert, expert_llm, in_proj_shape
 from models.config import DraftConfig, ExpertConfig, ModelConfig
-from models.hf import PATCH_KEY, config_from_hf, hf_config, hf_shapes, to_hf_name, weight_files
+from models.hf import PATCH_KEY, check_causal, config_from_hf, hf_config, hf_shapes, to_hf_name, weight_files
 from models.names import check_names
 from models.target import Target
 
@@ -249,7 +249,9 @@ def save_alpamayo(path, target: Target, expert: ActionExpert, cfg: ModelConfig,
                   tokens: dict | None = None):
     """Write config.json + model-0000i-of-0000n.safetensors + the index, as the release does;
     also `vlm_config.json` (the Qwen3-VL config the release fetches from `vlm_name_or_path`).
-    tokens: trajectory-token settings for config.json (release_config)."""
+    tokens: trajectory-token settings for config.json (release_config). A frame_local target is
+    refused (check_causal): upstream's VLM and the runtimes that read this layout build a causal mask."""
+    check_causal(target.cfg, f"save_alpamayo {path}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     shards, size = [{}], 0

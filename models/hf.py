@@ -231,7 +231,7 @@ def check_causal(cfg, where: str) -> None:
         raise ConfigError(f"{where}: this target's llm.image_attention is {cfg.llm.image_attention!r}; the "
                           "runtime this writes for builds a causal mask and would run it as another model. "
                           "Use specdrive's runtimes (torch, onnxruntime, tensorrt), or a causal-layout target "
-                          "(`make train-causal` trains one: runs/tiny-causal)")
+                          "(checkpoints/tiny-causal; `make train-causal` trains one into runs/tiny-causal)")
 
 
 def save_hf(target: Target, path: str | Path) -> None:
@@ -247,4 +247,6 @@ def save_hf(target: Target, path: str | Path) -> None:
         if hf in shapes:
             tensors[hf] = t.detach().reshape(shapes[hf]).contiguous().cpu()
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf_config(target.cfg), indent=2))
+    config = hf_config(target.cfg)
+    config["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")   # the weights' own
+    (path / "config.json").write_text(json.dumps(config, indent=2))

@@ -183,8 +183,8 @@ def check_streaming(backend) -> None:
 def check_approximate(backend) -> None:
     """reuse.approximate_prefill is for causal targets on a backend that can run it; else exit 2."""
     if backend.image_attention != "causal":
-        raise ConfigError("reuse.approximate_prefill is for causal targets; this one is frame_local, whose "
-                          "streaming is exact: use reuse.prefill instead")
+        raise ConfigError("reuse.approximate_prefill is for causal targets (checkpoints/tiny-causal); this one is "
+                          "frame_local, whose streaming is exact: use reuse.prefill instead")
     if not backend.approximates_prefill:
         raise ConfigError(f"reuse.approximate_prefill: backend {backend.name!r} does not run it (torch only); "
                           "turn it off")

@@ -109,7 +109,8 @@ def stand_in_calibrate(profile, out, meta, planner, progress):
 @pytest.mark.parametrize("name", ["orin-fp16", "orin-int8", "thor-fp8"])
 def test_build_without_tensorrt_writes_the_manifest_and_exits_3(tmp_path, no_tensorrt, capsys, name):
     out = tmp_path / name
-    assert cli.main(["engines", "build", "--profile", name, "--out", str(out)]) == eb.MISSING_TENSORRT == 3
+    shipped = ["--checkpoint", "checkpoints/tiny"] if load_profile(name).trtllm.enabled else []  # else the default
+    assert cli.main(["engines", "build", "--profile", name, "--out", str(out), *shipped]) == eb.MISSING_TENSORRT == 3
     said = capsys.readouterr().out.splitlines()
     lines = [ln for ln in said if ln.startswith("[")]
     assert [ln[:5] for ln in lines] == ["[1/3]", "[2/3]", "[3/3]"], lines
@@ -130,6 +131,17 @@ def test_build_without_tensorrt_writes_the_manifest_and_exits_3(tmp_path, no_ten
                                 "graphs": eb.quantization_plan(prof)}
     assert eb.quantization_plan(prof) == {"orin-fp16": {}, "orin-int8": {"prefill": "int8", "step": "int8", "step_tree": "int8"},
                                           "thor-fp8": {"prefill": "fp8", "step": "fp8", "step_tree": "fp8"}}[name]
+
+
+def test_a_trtllm_profile_defaults_to_the_causal_twin_and_names_it_when_missing(tmp_path, monkeypatch, capsys):
+    """thor-fp8 also writes TensorRT-LLM checkpoints (a causal mask of its own): without --checkpoint
+    it takes checkpoints/tiny-causal; in a working directory without one, exit 2 naming it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["engines", "build", "--profile", "thor-fp8", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "checkpoints/tiny-causal" in err and "make train-causal" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_refused_profiles_exit_2(tmp_path, no_tensorrt, capsys):

@@ -6,6 +6,7 @@ src/alpamayo_r1/models/alpamayo_r1.py (vlm, expert without embed_tokens, action_
 action_out_proj = torch.nn.Linear), src/alpamayo_r1/models/action_in_proj.py
 (PerWaypointActionInProjV2), src/alpamayo_r1/action_space/unicycle_accel_curvature.py (buffers).
 """
+import dataclasses
 import json
 
 import pytest
@@ -166,6 +167,21 @@ def test_alpamayo_round_trip(tmp_path, cfg, planner):
         written.update(safetensors.torch.load_file(str(f)))
     assert written["action_space.accel_std"].shape == ()
     assert float(written["action_space.curvature_std"]) == pytest.approx(0.04)
+
+
+def test_save_alpamayo_refuses_a_frame_local_target_and_writes_nothing(tmp_path, cfg, planner):
+    """Like save_hf: upstream's VLM and the runtimes that read the release layout build a causal
+    mask, so a frame_local target would be run as another model."""
+    from prompt.config import ConfigError
+
+    _, _, expert = planner
+    llm = dataclasses.replace(cfg.target.llm, image_attention="frame_local")
+    frame_local = dataclasses.replace(cfg.target, llm=llm)
+    with pytest.raises(ConfigError, match="image_attention is 'frame_local'"):
+        save_alpamayo(tmp_path / "a", Target(frame_local), expert, cfg)
+    assert not (tmp_path / "a").exists()
+    save_alpamayo(tmp_path / "b", planner[0], expert, cfg)     # the causal one is written
+    assert (tmp_path / "b" / "config.json").is_file()
 
 
 def test_alpamayo_keys_match_transformers_classes(cfg, planner):

@@ -3,7 +3,7 @@
 
     specdrive export onnx --checkpoint DIR --out DIR [--draft NAME] [--profile cpu]
                           [--max-len N] [--k-max K]
-    specdrive export edgellm --checkpoint DIR --out DIR [--draft NAME]
+    specdrive export edgellm [--checkpoint checkpoints/tiny-causal] --out DIR [--draft NAME] [--dtype float16]
 
 The prompt contract's shapes (cameras, frames, image size), the expert's draws and how they
 combine, and max_len come from the planner profile unless given here.
@@ -14,6 +14,20 @@ from pathlib import Path
 
 from prompt.config import ConfigError
 from runtime.config import load_planner_config
+
+# the causal twin of checkpoints/tiny: what runtimes that build their own causal mask take (Edge-LLM,
+# TensorRT-LLM, transformers), the default of every interop path
+CAUSAL = Path("checkpoints/tiny-causal")
+
+
+def check_checkpoint(folder: Path) -> None:
+    """A trained planner folder, or a ConfigError naming what is missing and where to get one."""
+    if folder == CAUSAL and not folder.is_dir():
+        raise ConfigError(f"--checkpoint defaults to {CAUSAL} (the causal twin of checkpoints/tiny), which is not "
+                          "in this tree; check it out, or train one with `make train-causal` and pass "
+                          "--checkpoint runs/tiny-causal")
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(f"--checkpoint {str(folder)!r} is not a trained planner folder (no tokenizer.json)")
 
 
 def add_parser(subparsers) -> None:
@@ -32,9 +46,12 @@ def add_parser(subparsers) -> None:
                    help="a reduced draft head: its d2t map inside the draft graphs (default) or on the host")
     o.set_defaults(run=run)
     e = sub.add_parser("edgellm", help="the target, the EAGLE-3 draft and the action expert for TensorRT Edge-LLM")
-    e.add_argument("--checkpoint", type=Path, required=True, help="trained planner folder")
+    e.add_argument("--checkpoint", type=Path, default=CAUSAL,
+                   help=f"trained planner folder with a causal target (default: {CAUSAL}, the shipped causal twin)")
     e.add_argument("--out", type=Path, required=True, help="folder to write (target/, draft/, action/, README.md)")
     e.add_argument("--draft", default=None, help="the EAGLE-3 draft variant (default: the folder's only one)")
+    e.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
+                   help="weights' dtype (default float16: what Edge-LLM's visual and action layers take)")
     e.set_defaults(run=run_edgellm)
 
 
@@ -43,9 +60,8 @@ def run_edgellm(args) -> int:
 
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder")
-    if not (args.checkpoint / "tokenizer.json").is_file():
-        raise ConfigError(f"--checkpoint {str(args.checkpoint)!r} is not a trained planner folder (no tokenizer.json)")
-    done = export_edgellm(args.checkpoint, args.out, args.draft)
+    check_checkpoint(args.checkpoint)
+    done = export_edgellm(args.checkpoint, args.out, args.draft, args.dtype)
     print(f"wrote {done.out}: target/, draft/ ({done.draft}), action/, README.md; feature layers "
           f"{list(done.feature_layers)} = Edge-LLM hidden_states {list(done.hf_layers)}")
     return 0
