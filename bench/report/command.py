@@ -1,10 +1,13 @@
 """`specdrive report` (tools/report.py): re-render every measurement table of README.md and docs/
-from its stamped results JSON; with run_stale, first re-run each run (bench/report/registry.py)
-whose JSON is missing or stamped with another checkpoint than checkpoints/tiny.
+from its run's committed summary (results/RUN.json, bench/report/summary.py), first cut afresh from
+the run's own stamped JSON where that is there; with run_stale, first re-run each run
+(bench/report/registry.py) that has neither, or is stamped with another checkpoint than checkpoints/tiny.
 
 Each table sits between `<!-- results NAME fingerprint=... -->` and `<!-- /results NAME -->`
-(prompt/stamp.py). A missing JSON without run_stale is a ConfigError (exit 2) naming the table and
-the command to run. check: write nothing; 1 when a table would change or is stale.
+(prompt/stamp.py). A run with neither JSON nor summary is a ConfigError (exit 2) naming the table
+and the command to run, unless the registry says why its summary is not kept (`unkept`): its
+tables are then left as written, and a line says so. check: write nothing; 1 when a table or a
+summary would change, or is stale.
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ def staleness(name: str, current: str) -> str | None:
     if recs is None:
         recs, where = summary.read(name, outputs), [str(summary.path_of(name))] * len(outputs)
         if recs is None:
-            return f"{' and '.join(o for o in outputs if load(o) is None)} missing, and no {summary.path_of(name)}"
+            return f"{' and '.join(o for o in outputs if load(o) is None)} is missing (and no {summary.path_of(name)})"
     for out, rec in zip(where, recs):
         stamp = rec.get("stamp") if isinstance(rec, dict) else None
         if not isinstance(stamp, dict):
@@ -130,9 +133,13 @@ def render(tables: list[str], check: bool, current: str) -> int:
     texts, problems = {}, []
     records_of, changed_summaries = summaries(tables, check)
     for f in changed_summaries:
-        print(f"report: {f} {'would change' if check else 'written'} (the run's own JSON differs from it)", flush=True)
+        print(f"report: {f} {'would change' if check else 'written'}: cut from the run's own JSON", flush=True)
     for t in tables:
         entry = registry.TABLES[t]
+        unkept = [registry.RUNS[r].unkept for r in entry.runs if r not in records_of and registry.RUNS[r].unkept]
+        if unkept:
+            print(f"report: {t}: not rendered, and not checked from git: {'; '.join(unkept)}", flush=True)
+            continue
         records, stamps = [], []
         for run in entry.runs:
             if run not in records_of:

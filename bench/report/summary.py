@@ -106,9 +106,13 @@ def summarize(records: dict[str, list[dict]], tables: dict[str, tuple[tuple[str,
     for name, (runs, render) in tables.items():
         if all(r in records for r in runs):
             full = render([rec for r in runs for rec in records[r]])
-            if render([rec for r in runs for rec in out[r]]) != full:
+            try:
+                same = render([rec for r in runs for rec in out[r]]) == full
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                same = f"{type(e).__name__}: {e}"
+            if same is not True:
                 raise ConfigError(f"table {name!r}: its renderer reads a field the summary did not keep "
-                                  "(a lookup Noted does not see); bench/report/summary.py")
+                                  f"(a lookup Noted does not see; {same or 'other markdown'}); bench/report/summary.py")
     return out
 
 
