@@ -140,19 +140,17 @@ def bench_table(records: list[dict]) -> str:
     return markdown_table(records[0])
 
 
+def bench_acceptance(records: list[dict]) -> str:
+    """The modes, their acceptance per token class and the A/A control's line (docs/bench.md's
+    trees and adaptive runs: the report's other parts are the main bench's)."""
+    from bench.speedup.report import aa_lines, acceptance_table, markdown_table
+    r = records[0]
+    return "\n".join([markdown_table(r), "", *acceptance_table(r), *[f"- {line}" for line in aa_lines(r)]]).rstrip("\n")
+
+
 def drives_table(records: list[dict]) -> str:
     from bench.whole_drives.measure import markdown_table
     return markdown_table(records[0])
-
-
-STREAM_MODES = ("plain", "spec+vision+lookup", "spec+vision+stream", "spec+vision+lookup+stream")
-
-
-def streaming_table(records: list[dict]) -> str:
-    """The drives run's streaming-prefill modes beside plain and spec+vision+lookup."""
-    from bench.whole_drives.measure import markdown_table
-    r = records[0]
-    return markdown_table({**r, "modes": [m for m in r["modes"] if m["name"] in STREAM_MODES]})
 
 
 def drives20(records: list[dict]) -> str:
@@ -230,7 +228,6 @@ TABLES = {
                                                                  "flat k=8", "flat-v256 k=8", "eagle3-v256 k=8"))),
     "drives": Table(("drives",), ("docs/bench.md",), drives_table),
     "drives20-k8": Table(("drives20",), ("docs/bench.md",), drives20),
-    "streaming-drives": Table(("drives",), ("docs/bench.md",), streaming_table),
     "closed-loop": Table(("closed-loop",), ("docs/drive.md",), closed_loop),
     "roofline-snapshot": Table(("roofline",), ("docs/profile.md",), roofline_snapshot),
     "roofline-drive": Table(("roofline",), ("docs/profile.md",), roofline_drive),
@@ -246,7 +243,7 @@ TABLES = {
     "claims-aarl-seeds": Table(("claims",), ("docs/claims.md",), claims("aarl_table")),
     "claims-4x-measured": Table(("bench",), ("docs/claims.md",),
                                 comparison(("flat k=8", "mrope k=8", "flat-standalone k=8", "flat-aarl k=8"))),
-    "trees": Table(("trees",), ("docs/bench.md",), bench_report),
-    "adaptive": Table(("adaptive",), ("docs/bench.md",), bench_report),
+    "trees": Table(("trees",), ("docs/bench.md",), bench_acceptance),
+    "adaptive": Table(("adaptive",), ("docs/bench.md",), bench_acceptance),
     "claims-4x-projected": Table(("projection",), ("docs/claims.md",), projection),
 }
