@@ -45,6 +45,8 @@ ROOFLINE = [(p, d, x) for p in ("alpamayo-r1-10b", "edge-2b") for d, x in (("ori
 # The ~4x claim projected with the flat drafts' seed-level tau interval (docs/claims.md): the
 # interval's ends (test split, `make claims`, 5 seeds x 200 scenes, k = 8), each priced by the
 # roofline for edge-2b and alpamayo-r1-10b on Orin INT8, with the full draft head and 8,192 rows.
+# The interval is the nested draw's (too narrow, docs/claims.md "Intervals"); put the shared-scene
+# one here after the next `make claims`.
 PROJECTION_TAU = (5.41, 5.62)
 PROJECTION = [(p, head, tau) for p in ("edge-2b", "alpamayo-r1-10b") for head in (0, 8192) for tau in PROJECTION_TAU]
 
