@@ -134,12 +134,20 @@ def test_a_summary_keeps_only_what_the_renderers_read_and_renders_the_same():
 
 
 def test_a_lookup_the_summary_cannot_see_is_refused_not_written():
-    """A renderer reading through a plain copy of the record (no lookup noted): the summary would
-    lose the field, so summarize refuses instead of writing a summary that renders otherwise."""
+    """A renderer reading past the noting (dict's own get): the summary would lose the field, so
+    summarize refuses instead of writing a summary that renders otherwise."""
     rec = {"stamp": {}, "a": 1, "b": 2}
-    tables = {"t": (("r",), lambda recs: f"{recs[0]['a']} {dict(recs[0])['b']}")}
+    tables = {"t": (("r",), lambda recs: f"{recs[0]['a']} {dict.get(recs[0], 'b')}")}
     with pytest.raises(ConfigError, match="table 't': its renderer reads a field the summary did not keep"):
         summary.summarize({"r": [rec]}, tables)
+
+
+def test_iterating_a_dict_keeps_its_keys():
+    """list(d), {**d} and `for k in d` read every key (the closed-loop renderer lists its modes)."""
+    rec = {"stamp": {}, "modes": {"plain": {"x": 1}, "spec": {"x": 2}}, "other": 3}
+    tables = {"t": (("r",), lambda recs: ",".join(list(recs[0]["modes"])) + str(len({**recs[0]["modes"]})))}
+    cut = summary.summarize({"r": [rec]}, tables)["r"][0]
+    assert cut == {"stamp": {}, "modes": {"plain": {}, "spec": {}}}
 
 
 def test_a_summary_of_other_outputs_is_refused(tmp_path):

@@ -38,7 +38,8 @@ class _Seen:
 
 
 class NotedDict(dict):
-    """A dict that notes every key looked up (item, get, in, items, values) in a shared _Seen."""
+    """A dict that notes every key looked up (item, get, in) in a shared _Seen; iterating it
+    (iter, keys, items, values, list(d), {**d}) notes all its keys."""
 
     def __init__(self, data: dict, seen: _Seen, path: tuple):
         super().__init__({k: noted(v, seen, path + (k,)) for k, v in data.items()})
@@ -59,14 +60,24 @@ class NotedDict(dict):
         self._note(key)
         return super().__contains__(key)
 
-    def items(self):
-        for k in self.keys():
+    def _note_all(self) -> None:
+        for k in super().keys():
             self._note(k)
+
+    def __iter__(self):
+        self._note_all()
+        return super().__iter__()
+
+    def keys(self):
+        self._note_all()
+        return super().keys()
+
+    def items(self):
+        self._note_all()
         return super().items()
 
     def values(self):
-        for k in self.keys():
-            self._note(k)
+        self._note_all()
         return super().values()
 
 
