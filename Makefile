@@ -38,7 +38,7 @@ help:
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
 	@echo "make engines-cpu  export the shipped checkpoint to ONNX (-> build/engines/tiny-ort) for --engines"
 	@echo "make profile  stage ranges of planner cycles (nsys on a GPU, else a Chrome trace) -> out/profile"
-	@echo "make results  re-run every stale results JSON (missing, or of another checkpoint), then re-render the tables of README.md and docs/"
+	@echo "make results  re-run every run with no results (neither its JSON nor results/RUN.json) or of another checkpoint, then re-render the tables of README.md and docs/"
 	@echo "make drive    closed-loop drives (4 test drives x 4 s, plain/speculative, budget on/off) at this CPU's and a simulated Orin latency -> out/drive"
 
 $(STAMP): pyproject.toml Makefile
@@ -136,9 +136,9 @@ bench-ort: engines-cpu
 bench: $(STAMP)
 	$(PY) -m tools.cli bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --ks 4,8,16 --json out/bench/bench.json
 
-# Every measurement table of README.md and docs/ from its stamped JSON (bench/report/registry.py): re-runs
-# what is missing or stamped with another checkpoint than checkpoints/tiny, then re-renders; `make
-# report` only re-renders.
+# Every measurement table of README.md and docs/ from its run's stamped summary in results/ (cut from
+# the run's own JSON by `specdrive report`; bench/report/registry.py): re-runs what has neither or is
+# stamped with another checkpoint than checkpoints/tiny, then re-renders; `make report` only re-renders.
 results: $(STAMP)
 	$(PY) -m tools.cli report --run-stale
 

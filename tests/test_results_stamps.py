@@ -154,7 +154,7 @@ def test_report_without_its_json_exits_2_naming_the_table_and_command(tmp_path, 
 def test_every_marker_is_in_the_registry():
     from bench.report import registry as results
 
-    known = set(results.TABLES) | set(results.LEGACY)
+    known = set(results.TABLES)
     for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         names = {b.name for b in blocks(p.read_text(), p.name)}
         assert names <= known, f"{p.name}: markers {sorted(names - known)} are not in bench/report/registry.py"
@@ -226,7 +226,7 @@ def test_run_stale_reruns_a_missing_or_stale_json_then_finds_it_fresh(tmp_path, 
     monkeypatch.setitem(registry.RUNS, "roofline", registry.Run((cmd,), ("out/r.json",)))
     assert cli.main(["report", "--run-stale", "--only", "roofline-drive"]) == 0
     said = capsys.readouterr().out
-    assert "report: [1/1] roofline: out/r.json is missing; running 1 command(s)" in said and f"$ {cmd}" in said
+    assert "report: [1/1] roofline: out/r.json is missing (and no results/roofline.json); running 1 command(s)" in said and f"$ {cmd}" in said
     rec = json.loads((root / "out" / "r.json").read_text())
     assert rec["stamp"]["fingerprint"] == SHIPPED and rec["stamp"]["command"] == cmd
     text = (root / "docs" / "profile.md").read_text()

@@ -1,13 +1,15 @@
-"""`specdrive report`: re-render every measurement table of README.md and docs/ from its results JSON.
+"""`specdrive report`: re-render every measurement table of README.md and docs/ from its results.
 
     specdrive report [--run-stale] [--only NAME,...] [--check]
 
 Each table sits between `<!-- results NAME fingerprint=... -->` and `<!-- /results NAME -->`;
-bench/report/registry.py says which command makes its JSON and which renderer draws it.
---run-stale (`make results`) first re-runs every run whose JSON is missing or stamped with another
-checkpoint than checkpoints/tiny, one at a time, a progress line each. Without it a missing JSON
-exits 2, naming the table and the command to run. --check renders nothing and exits 1 when a
-table would change or is stale. The library: bench/report/command.py.
+bench/report/registry.py says which command makes its JSON and which renderer draws it. After a
+run, `specdrive report` cuts the fields the tables read from its JSON (out/, runs/: not in git)
+into results/RUN.json, stamped, and renders from that; a clone renders from results/ alone.
+--run-stale (`make results`) first re-runs every run with neither, or stamped with another
+checkpoint than checkpoints/tiny, one at a time, a progress line each. Without it a missing run
+exits 2, naming the table and the command to run. --check writes nothing and exits 1 when a
+table or a summary would change or is stale. The library: bench/report/command.py.
 """
 from __future__ import annotations
 

@@ -108,13 +108,44 @@ def budget_action(expert, target, teachers, examples, scenes, tok, drafts: dict,
         for name, per in rows.items()}}
 
 
-# --- seed-level intervals: seeds, then scenes within a seed --------------------------------------
-POWER_Z = 0.8416     # z of 80 % power
+# --- seed-level intervals: seeds and scenes, each scene counted once ------------------------------
+#
+# One evaluation scores every seed's draft on the same scenes (train.evaluate: one teacher list),
+# so record i of every seed is scene i. A scene is then one piece of evidence however many seeds
+# saw it: the bootstrap draws the seeds, and the scenes once for all of them (SHARED). Seeds scored
+# on scenes of their own would draw the scenes within each seed (NESTED). Every group of a
+# comparison shares the draws (seed labels and scenes paired). With a handful of seeds the
+# interval, p and detectable effect take the bootstrap's standard error against a t with
+# seeds - 1 degrees of freedom, not the normal.
+POWER = 0.80
+SHARED = "seeds and shared scenes resampled, each scene once"
+NESTED = "seeds, then scenes within each seed"
 
 
-def _z(q: float) -> float:
-    from statistics import NormalDist
-    return NormalDist().inv_cdf(q)
+def t_cdf(x: float, df: float) -> float:
+    """Student's t distribution function (df = inf: the normal): with x = sqrt(df) tan(u) the
+    density is c cos(u)^(df - 1) on [0, pi/2), integrated by Simpson's rule (df >= 1)."""
+    import math
+    if math.isinf(df):
+        from statistics import NormalDist
+        return NormalDist().cdf(x)
+    u = np.linspace(0.0, math.atan(abs(x) / math.sqrt(df)), 2001)
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
+    dens = c * np.cos(u) ** (df - 1)
+    h = u[1] - u[0]
+    half = h / 3 * (dens[0] + dens[-1] + 4 * dens[1:-1:2].sum() + 2 * dens[2:-1:2].sum())
+    return 0.5 + math.copysign(float(half), x)
+
+
+def t_ppf(q: float, df: float) -> float:
+    """The q quantile of Student's t with df degrees of freedom (bisection on t_cdf)."""
+    if not 0 < q < 1:
+        raise ValueError(f"quantile {q}: must be in (0, 1)")
+    lo, hi = -1e4, 1e4
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
 
 
 def tau_arrays(runs: dict, seeds: list) -> tuple[np.ndarray, np.ndarray]:
@@ -125,23 +156,26 @@ def tau_arrays(runs: dict, seeds: list) -> tuple[np.ndarray, np.ndarray]:
     return n, f
 
 
-def two_level(num: np.ndarray, den: np.ndarray, seed: int = 0, boot: int = BOOT) -> np.ndarray:
+def two_level(num: np.ndarray, den: np.ndarray, seed: int = 0, boot: int = BOOT, shared: bool = True) -> np.ndarray:
     """Bootstrap replicates of sum(num) / sum(den) for arrays (groups, seeds, scenes): resample the
-    seeds (with replacement), then the scenes within each drawn seed; every group shares the
-    draws (the same seed label, the same scenes). -> (boot, groups)."""
+    seeds (with replacement) and the scenes; shared: one draw of the scenes per replicate for every
+    seed (SHARED), else a draw per drawn seed (NESTED). Every group shares the draws. -> (boot, groups)."""
     rng = np.random.default_rng(seed)
     _, m, j = num.shape
     s_idx = rng.integers(0, m, size=(boot, m))[:, :, None]
-    j_idx = rng.integers(0, j, size=(boot, m, j))
+    j_idx = rng.integers(0, j, size=(boot, 1, j) if shared else (boot, m, j))
     return np.stack([num[g][s_idx, j_idx].sum((1, 2)) / np.maximum(den[g][s_idx, j_idx].sum((1, 2)), 1e-12)
                      for g in range(num.shape[0])], 1)
 
 
-def _summary(point: float, reps: np.ndarray, null: float = 0.0) -> dict:
-    lo, hi = np.quantile(reps, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    p = min(1.0, 2 * min((reps <= null).mean(), (reps >= null).mean()))
-    return {"point": float(point), "lo": float(lo), "hi": float(hi), "se": float(reps.std()),
-            "p": float(max(p, 1.0 / len(reps)))}
+def _summary(point: float, reps: np.ndarray, seeds: int, null: float = 0.0) -> dict:
+    """point, its 95 % interval point -/+ t x se, se (the replicates' spread), the two-sided p of
+    `null` against a t with seeds - 1 degrees of freedom, and df."""
+    se, df = float(reps.std()), max(seeds - 1, 1)
+    half = t_ppf((1 + LEVEL) / 2, df) * se
+    p = 2 * (1 - t_cdf(abs(point - null) / se, df)) if se > 0 else float(point == null)
+    return {"point": float(point), "lo": float(point - half), "hi": float(point + half), "se": se,
+            "p": float(min(max(p, 0.0), 1.0)), "df": df, "design": SHARED}
 
 
 def _common(a: dict, b: dict) -> list:
@@ -152,10 +186,10 @@ def _common(a: dict, b: dict) -> list:
 
 
 def hierarchical_diff(a: dict, b: dict, seed: int = 0, boot: int = BOOT) -> dict:
-    """tau(b) - tau(a) ({seed: draft numbers with per_scene records}) with the two-level bootstrap
-    (two_level), so the interval carries the spread from one training seed to the next as well as
-    the scenes'. Returns point, lo, hi (95 %), se, the two-sided bootstrap p of no difference,
-    and the seeds and scenes it used."""
+    """tau(b) - tau(a) ({seed: draft numbers with per_scene records, every seed on the same
+    scenes}) with the shared-scene bootstrap (two_level), so the interval carries the spread from
+    one training seed to the next and each scene once. Returns point, lo, hi (95 %), se, the
+    two-sided p of no difference (t, seeds - 1 df), and the seeds and scenes it used."""
     seeds = _common(a, b)
     na, fa = tau_arrays(a, seeds)
     nb, fb = tau_arrays(b, seeds)
@@ -163,26 +197,27 @@ def hierarchical_diff(a: dict, b: dict, seed: int = 0, boot: int = BOOT) -> dict
         raise ValueError(f"the groups were evaluated on other scenes ({na.shape[1]} against {nb.shape[1]})")
     reps = two_level(np.stack([na, nb]), np.stack([fa, fb]), seed, boot)
     point = nb.sum() / fb.sum() - na.sum() / fa.sum()
-    return _summary(point, reps[:, 1] - reps[:, 0]) | {"seeds": len(seeds), "scenes": na.shape[1]}
+    return _summary(point, reps[:, 1] - reps[:, 0], len(seeds)) | {"seeds": len(seeds), "scenes": na.shape[1]}
 
 
 def hierarchical_tau(runs: dict, null: float, seed: int = 0, boot: int = BOOT) -> dict:
-    """One group's tau with the two-level interval, and the p of tau = `null` (a paper's number)."""
+    """One group's tau with the shared-scene interval, and the p of tau = `null` (a paper's number)."""
     seeds = sorted(runs)
     n, f = tau_arrays(runs, seeds)
     reps = two_level(n[None], f[None], seed, boot)[:, 0]
-    return _summary(n.sum() / f.sum(), reps, null) | {"seeds": len(seeds), "scenes": n.shape[1]}
+    return _summary(n.sum() / f.sum(), reps, len(seeds), null) | {"seeds": len(seeds), "scenes": n.shape[1]}
 
 
 def hierarchical_mean_diff(a: dict, b: dict, value, seed: int = 0, boot: int = BOOT) -> dict:
     """mean over seeds and scenes of value(record) in b minus in a (e.g. attention mass on history
-    keys), with the two-level interval."""
+    keys), with the shared-scene interval."""
     seeds = _common(a, b)
     va = np.array([[value(r) for r in a[s]["per_scene"]] for s in seeds], float)
     vb = np.array([[value(r) for r in b[s]["per_scene"]] for s in seeds], float)
     ones = np.ones_like(va)
     reps = two_level(np.stack([va, vb]), np.stack([ones, ones]), seed, boot)
-    return _summary(vb.mean() - va.mean(), reps[:, 1] - reps[:, 0]) | {"seeds": len(seeds), "scenes": va.shape[1]}
+    return _summary(vb.mean() - va.mean(), reps[:, 1] - reps[:, 0], len(seeds)) | \
+        {"seeds": len(seeds), "scenes": va.shape[1]}
 
 
 def holm(ps: list[float]) -> list[float]:
@@ -198,13 +233,15 @@ def holm(ps: list[float]) -> list[float]:
 def verdicts(tests: list[dict], alpha: float = 0.05) -> list[dict]:
     """Each test (hierarchical_diff's dict, the claim predicting a positive difference) with its
     Holm-adjusted p over the family, the effect it could have detected (80 % power at the family's
-    strictest level alpha / m: (z + z_power) x se) and a verdict: "holds" (adjusted p < alpha and a
-    positive difference), "does not hold" (adjusted p < alpha and a negative one), else "not
-    resolved at this power"."""
+    strictest level alpha / m: (t(1 - alpha / 2m) + t(power)) x se, t with the test's seeds - 1
+    degrees of freedom; the normal for a test that names no seeds) and a verdict: "holds"
+    (adjusted p < alpha and a positive difference), "does not hold" (adjusted p < alpha and a
+    negative one), else "not resolved at this power"."""
     adjusted = holm([t["p"] for t in tests])
-    z = _z(1 - alpha / (2 * max(len(tests), 1)))
+    q = 1 - alpha / (2 * max(len(tests), 1))
     out = []
     for t, p in zip(tests, adjusted):
+        df = max(t["seeds"] - 1, 1) if "seeds" in t else float("inf")
         verdict = ("holds" if t["point"] > 0 else "does not hold") if p < alpha else "not resolved at this power"
-        out.append({**t, "p_holm": p, "detectable": (z + POWER_Z) * t["se"], "verdict": verdict})
+        out.append({**t, "p_holm": p, "detectable": (t_ppf(q, df) + t_ppf(POWER, df)) * t["se"], "verdict": verdict})
     return out

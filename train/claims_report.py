@@ -102,7 +102,7 @@ def seed_label(seed) -> str:
 
 def comparison_table(splits: dict) -> list[str]:
     """Every comparison of COMPARISONS on every split: tau at k = 8, b minus a, with the seed-level
-    interval (seeds, then scenes: train.claims.hierarchical_diff), Holm's adjusted p over all the
+    interval (seeds and shared scenes: train.claims.hierarchical_diff), Holm's adjusted p over all the
     rows, the effect the row could have detected and its verdict; the scene-level interval (seeds
     pooled) and the attention differences beside them."""
     found = []
@@ -122,7 +122,7 @@ def comparison_table(splits: dict) -> list[str]:
         per = "; ".join(f"{seed_label(k)}: {sb[k]['tau'] - sa[k]['tau']:+.2f} / "
                         f"{sb[k]['attn_history'] - sa[k]['attn_history']:+.3f} / "
                         f"{sb[k]['attn_vision'] - sa[k]['attn_vision']:+.3f}" for k in sa)
-        rows.append(f"| {split} | {what} ({t['seeds']} paired seeds, {t['scenes']} scenes) | "
+        rows.append(f"| {split} | {what} ({t['seeds']} paired seeds x {t['scenes']} shared scenes) | "
                     f"{t['point']:+.2f} [{t['lo']:+.2f}, {t['hi']:+.2f}] | {t['p_holm']:.3f} | "
                     f"±{t['detectable']:.2f} | {t['verdict']} | {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}] | "
                     f"{h[0]:+.3f} [{h[1]:+.3f}, {h[2]:+.3f}] | {v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}] | {per} |")
@@ -141,12 +141,17 @@ ATTENTION = (("FlatRoPE turns attention to the history (fused)", "mrope", "flat"
 PAPER_BLOCK = 4.6     # "~78 % of CoC tokens from the draft, in blocks of ~4.6": compared as tau
 
 
+def _design(t: dict) -> str:
+    """The seeds x scenes cell, naming the bootstrap design (train.claims SHARED or NESTED)."""
+    return f"{t['seeds']} x {t['scenes']} ({'shared scenes' if t['design'] == claims.SHARED else 'scenes per seed'})"
+
+
 def _cell(t: dict, fmt: str = "+.2f") -> str:
     return f"{t['point']:{fmt}} [{t['lo']:{fmt}}, {t['hi']:{fmt}}]"
 
 
 def verdict_table(splits: dict) -> list[str]:
-    """Each claim with its seed-level interval (train.claims: seeds, then scenes), Holm's adjusted p
+    """Each claim with its seed-level interval (train.claims: seeds and shared scenes), Holm's adjusted p
     within its family (the tau comparisons; the attention comparisons), the effect the row could
     have detected, and its verdict. The block claim: the flat draft's tau against 4.6, two-sided."""
     tau_rows, attn_rows = [], []
@@ -164,7 +169,7 @@ def verdict_table(splits: dict) -> list[str]:
             "detectable | verdict |", "|---|---|---|---|---|---|---|---|"]
     for family, fmt in ((tau_rows, "+.2f"), (attn_rows, "+.3f")):
         for (claim, words, split, _), t in zip(family, claims.verdicts([r[3] for r in family])):
-            rows.append(f"| {claim} | {words} | {split} | {_cell(t, fmt)} | {t['seeds']} x {t['scenes']} | "
+            rows.append(f"| {claim} | {words} | {split} | {_cell(t, fmt)} | {_design(t)} | "
                         f"{t['p_holm']:.3f} | ±{t['detectable']:{fmt[1:]}} | {t['verdict']} |")
     for split, s in splits.items():
         flat = grouped(s["drafts"]).get("flat")
@@ -174,7 +179,7 @@ def verdict_table(splits: dict) -> list[str]:
                 ("holds: more than the paper's" if t["point"] > PAPER_BLOCK else "does not hold: fewer")
             rows.append(f"| the routine reasoner writes most of the CoC in long blocks | ~78 % of CoC tokens, blocks "
                         f"of ~{PAPER_BLOCK} (compared as tau) | {split} | flat tau {_cell(t, '.2f')} | "
-                        f"{t['seeds']} x {t['scenes']} | {t['p']:.3f} (one test) | - | {verdict} |")
+                        f"{_design(t)} | {t['p']:.3f} (one test) | - | {verdict} |")
     return rows
 
 
@@ -298,19 +303,22 @@ def sections(splits: dict, img_dir, rel, stamp: dict | None = None, source: str 
     alpha_position_png(splits, img_dir / "claims_alpha_position.png")
     rel = Path(rel)
     return ["## Verdicts, with seed-level intervals", "",
-            "Intervals: 95 %, resampling the training seeds and then the scenes within each drawn seed. Holm "
-            "adjusts the p values within each family: the tau comparisons, the attention comparisons. A verdict "
-            "of holds or does not hold needs an adjusted p below 0.05; otherwise the row says what it could "
-            "have detected (80 % power at the family's strictest level).", "",
+            "Intervals: 95 %, from a bootstrap that resamples the training seeds and the scenes, each scene "
+            "once (every seed is scored on the same scenes: the seeds x scenes column says so), as the point "
+            "-/+ t x its standard error, t with seeds - 1 degrees of freedom. Holm adjusts the p values (the "
+            "same t) within each family: the tau comparisons, the attention comparisons. A verdict of holds "
+            "or does not hold needs an adjusted p below 0.05; otherwise the row says what it could have "
+            "detected (80 % power at the family's strictest level, the same t).", "",
             *marked("verdicts", verdict_table(splits), stamp, source), "",
             "## Acceptance, per draft group over its seeds", "",
             "Intervals: 95% bootstrap over scenes of the seed-pooled ratio; per-seed tau in its own column. "
             "Draft share of CoC = accepted draft tokens / CoC tokens (1 - 1/tau); tokens per accepted block = "
             "accepted draft tokens per target pass.", "", *marked("acceptance", acceptance_table(splits), stamp, source), "",
             "## Paired differences (same scenes, same seeds)", "",
-            "The seed-level interval resamples the training seeds, then the scenes within each drawn seed "
+            "The seed-level interval resamples the training seeds and the shared scenes, each scene once "
             "(train.claims.hierarchical_diff), so it carries the spread from one seed to the next. p (Holm): the "
-            "two-sided bootstrap p of no difference, Holm-adjusted over every row of this table. Detectable: the "
+            "two-sided p of no difference against a t with seeds - 1 degrees of freedom, Holm-adjusted over "
+            "every row of this table. Detectable: the "
             "difference this row had 80 % power to find at the family's strictest level. Verdict: holds or does "
             "not hold only where the adjusted p is below 0.05; otherwise not resolved at this power. The "
             "scene-level interval pools the seeds and leaves their spread out; the last column gives each seed's "

@@ -1,10 +1,13 @@
 """`specdrive report` (tools/report.py): re-render every measurement table of README.md and docs/
-from its stamped results JSON; with run_stale, first re-run each run (bench/report/registry.py)
-whose JSON is missing or stamped with another checkpoint than checkpoints/tiny.
+from its run's committed summary (results/RUN.json, bench/report/summary.py), first cut afresh from
+the run's own stamped JSON where that is there; with run_stale, first re-run each run
+(bench/report/registry.py) that has neither, or is stamped with another checkpoint than checkpoints/tiny.
 
 Each table sits between `<!-- results NAME fingerprint=... -->` and `<!-- /results NAME -->`
-(prompt/stamp.py). A missing JSON without run_stale is a ConfigError (exit 2) naming the table and
-the command to run. check: write nothing; 1 when a table would change or is stale.
+(prompt/stamp.py). A run with neither JSON nor summary is a ConfigError (exit 2) naming the table
+and the command to run, unless the registry says why its summary is not kept (`unkept`): its
+tables are then left as written, and a line says so. check: write nothing; 1 when a table or a
+summary would change, or is stale.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.report import registry
+from bench.report import registry, summary
 from prompt.config import ConfigError
 from prompt.stamp import SHIPPED, folder_fingerprint, replace_block, stale_markers, stamp_line
 
@@ -48,11 +51,17 @@ def load(path: str) -> dict | None:
 
 
 def staleness(name: str, current: str) -> str | None:
-    """Why run `name` must run again (a missing JSON, no stamp, another fingerprint), or None."""
-    for out in registry.RUNS[name].outputs:
-        rec = load(out)
-        if rec is None:
-            return f"{out} is missing"
+    """Why run `name` must run again (no JSON of its own and no committed summary, no stamp,
+    another fingerprint), or None. The run's own JSONs are judged when they are all there, else
+    results/NAME.json."""
+    outputs = registry.RUNS[name].outputs
+    recs = full_records(name)
+    where = list(outputs)
+    if recs is None:
+        recs, where = summary.read(name, outputs), [str(summary.path_of(name))] * len(outputs)
+        if recs is None:
+            return f"{' and '.join(o for o in outputs if load(o) is None)} is missing (and no {summary.path_of(name)})"
+    for out, rec in zip(where, recs):
         stamp = rec.get("stamp") if isinstance(rec, dict) else None
         if not isinstance(stamp, dict):
             return f"{out} has no stamp"
@@ -90,17 +99,54 @@ def run_stale(tables: list[str], current: str) -> None:
             raise ConfigError(f"run {name!r} ran, but {why}")
 
 
+def full_records(run: str) -> list[dict] | None:
+    """The run's own JSONs (out/..., runs/...), one per output, or None unless every one is there."""
+    recs = [load(out) for out in registry.RUNS[run].outputs]
+    return None if any(r is None for r in recs) else recs
+
+
+def summaries(tables: list[str], check: bool) -> tuple[dict, list[str]]:
+    """{run: [summary per output]} for every run the tables read: cut from the run's own JSONs where
+    they are all there (results/RUN.json rewritten unless check), else results/RUN.json as
+    committed. Also the summary files that would change (check) or changed."""
+    wanted = list(dict.fromkeys(r for t in tables for r in registry.TABLES[t].runs))
+    full = {r: recs for r in wanted if (recs := full_records(r)) is not None}
+    readers = {n: t for n, t in registry.TABLES.items() if set(t.runs) & set(full)}
+    around = {r for t in readers.values() for r in t.runs} | set(wanted)
+    records = {r: full.get(r) or summary.read(r, registry.RUNS[r].outputs) for r in around}
+    records = {r: recs for r, recs in records.items() if recs is not None}
+    cut = summary.summarize(records, {n: (t.runs, t.render) for n, t in readers.items()
+                                      if all(r in records for r in t.runs)})
+    out, changed = {r: records[r] for r in wanted if r in records}, []
+    for r in full:
+        text, path = summary.document(r, registry.RUNS[r].outputs, cut[r]), summary.path_of(r)
+        out[r] = cut[r]
+        if not path.is_file() or path.read_text() != text:
+            changed.append(str(path))
+            if not check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    return out, changed
+
+
 def render(tables: list[str], check: bool, current: str) -> int:
     texts, problems = {}, []
+    records_of, changed_summaries = summaries(tables, check)
+    for f in changed_summaries:
+        print(f"report: {f} {'would change' if check else 'written'}: cut from the run's own JSON", flush=True)
     for t in tables:
         entry = registry.TABLES[t]
+        unkept = [registry.RUNS[r].unkept for r in entry.runs if r not in records_of and registry.RUNS[r].unkept]
+        if unkept:
+            print(f"report: {t}: not rendered, and not checked from git: {'; '.join(unkept)}", flush=True)
+            continue
         records, stamps = [], []
         for run in entry.runs:
-            for out in registry.RUNS[run].outputs:
-                rec = load(out)
-                if rec is None:
-                    raise ConfigError(f"table {t!r}: {out} is missing; run `{' && '.join(registry.RUNS[run].commands)}` "
-                                      "or `specdrive report --run-stale`")
+            if run not in records_of:
+                raise ConfigError(f"table {t!r}: neither {', '.join(registry.RUNS[run].outputs)} nor "
+                                  f"{summary.path_of(run)} is there; run `{' && '.join(registry.RUNS[run].commands)}` "
+                                  "or `specdrive report --run-stale`")
+            for out, rec in zip(registry.RUNS[run].outputs, records_of[run]):
                 records.append(rec)
                 stamps.append((out, rec.get("stamp") or {}))
         fps = {s.get("fingerprint") for _, s in stamps}
@@ -125,7 +171,7 @@ def render(tables: list[str], check: bool, current: str) -> int:
     others = [s for f in texts for s in stale_markers(texts[f], current, f)]
     for s in others:
         print(f"report: marker not on the shipped checkpoint: {s}", flush=True)
-    return 1 if check and (changed or problems) else 0
+    return 1 if check and (changed or problems or changed_summaries) else 0
 
 
 def run(cfg: ReportRun) -> int:

@@ -2,15 +2,17 @@
 
 Two tables:
 - RUNS: NAME -> the commands that make a results JSON and the JSON files they write (each JSON
-  carries a `stamp`, prompt/stamp.py: checkpoint fingerprint, command, date, commit).
+  carries a `stamp`, prompt/stamp.py: checkpoint fingerprint, command, date, commit), and kept in
+  git as results/NAME.json: the fields its tables read, with the stamp (bench/report/summary.py).
 - TABLES: NAME -> the runs it reads, the renderer (records -> markdown) and the markdown files
   holding `<!-- results NAME fingerprint=... -->` ... `<!-- /results NAME -->`.
 
-`specdrive report` (tools/report.py, bench/report/command.py) re-renders every table from its JSON; with --run-stale it
-first re-runs each run whose JSON is missing or stamped with another checkpoint than
-checkpoints/tiny. A table whose renderer is None is kept as written (numbers from an earlier
-checkpoint that no command here regenerates yet); its marker says fingerprint=unknown, and the
-fingerprint test (tests/test_results_stamps.py) fails on it until it is regenerated.
+`specdrive report` (tools/report.py, bench/report/command.py) cuts results/NAME.json from a run's
+own JSON when it is there, and renders every table from results/; with --run-stale it first
+re-runs each run that has neither, or is stamped with another checkpoint than checkpoints/tiny.
+tests/test_results_summaries.py renders every table from results/ and fails when the markdown
+differs. A run whose results/NAME.json is not kept says why in `unkept`; its tables are then
+rendered only where its own JSON is (and are not checked from git).
 Renderers reuse the markdown of each command's own library; nothing is formatted twice.
 """
 from __future__ import annotations
@@ -24,17 +26,18 @@ EXPORT = f"specdrive export onnx --checkpoint checkpoints/tiny --out {ENGINES}"
 
 @dataclass(frozen=True)
 class Run:
-    """Commands run in order (a `specdrive ...` or `make ...` line each); the last writes `outputs`."""
+    """Commands run in order (a `specdrive ...` or `make ...` line each); the last writes `outputs`.
+    unkept: why results/NAME.json is not in git (empty: it is, and the tests check its tables)."""
     commands: tuple[str, ...]
     outputs: tuple[str, ...]
+    unkept: str = ""
 
 
 @dataclass(frozen=True)
 class Table:
     runs: tuple[str, ...]                       # the RUNS it reads, in the renderer's order
     files: tuple[str, ...]                      # markdown files with its markers
-    render: Callable[[list[dict]], str] | None  # the records (one per output, runs in order) -> markdown
-    why_not: str = ""                           # render None: why it is kept as written
+    render: Callable[[list[dict]], str]         # the records (one per output, runs in order) -> markdown
 
 
 ROOFLINE = [(p, d, x) for p in ("alpamayo-r1-10b", "edge-2b") for d, x in (("orin-agx-64", "int8"), ("thor", "fp8"))]
@@ -42,9 +45,15 @@ ROOFLINE = [(p, d, x) for p in ("alpamayo-r1-10b", "edge-2b") for d, x in (("ori
 # The ~4x claim projected with the flat drafts' seed-level tau interval (docs/claims.md): the
 # interval's ends (test split, `make claims`, 5 seeds x 200 scenes, k = 8), each priced by the
 # roofline for edge-2b and alpamayo-r1-10b on Orin INT8, with the full draft head and 8,192 rows.
+# The interval is the nested draw's (too narrow, docs/claims.md "Intervals"); put the shared-scene
+# one here after the next `make claims`.
 PROJECTION_TAU = (5.41, 5.62)
 PROJECTION = [(p, head, tau) for p in ("edge-2b", "alpamayo-r1-10b") for head in (0, 8192) for tau in PROJECTION_TAU]
 
+# Why a run's summary is not in git yet: its run's own JSON was not kept, and its tables cannot be
+# parsed back from the markdown (the renderer computes them from per-cycle or per-scene records).
+PER_CYCLE = ("its JSON was not kept and its tables cannot be parsed back from the markdown ({}); "
+             "re-run it and `specdrive report` writes results/ for it")
 
 RUNS = {
     "bench": Run(("specdrive bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --ks 4,8,16 "
@@ -70,7 +79,9 @@ RUNS = {
                     "specdrive roofline --preset tiny --device cpu --memory --validate out/profile/stats.json "
                     "--json out/profile/roofline_cpu.json"),      # = make profile
                    ("out/profile/stats.json", "out/profile/roofline_cpu.json")),
-    "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",)),
+    "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",),
+                  unkept=PER_CYCLE.format("bootstrap intervals over the per-scene records of every seed")
+                  + "; `make claims` needs runs/sft-tiny from `make train`"),
     "projection": Run(tuple(f"specdrive roofline --preset {p} --device orin-agx-64 --precision int8 --k 8 --tau {t}"
                             f"{f' --draft-vocab {h}' if h else ''} --json out/roofline/claims_{p}_{h}_{t}.json"
                             for p, h, t in PROJECTION),
@@ -130,19 +141,17 @@ def bench_table(records: list[dict]) -> str:
     return markdown_table(records[0])
 
 
+def bench_acceptance(records: list[dict]) -> str:
+    """The modes, their acceptance per token class and the A/A control's line (docs/bench.md's
+    trees and adaptive runs: the report's other parts are the main bench's)."""
+    from bench.speedup.report import aa_lines, acceptance_table, markdown_table
+    r = records[0]
+    return "\n".join([markdown_table(r), "", *acceptance_table(r), *[f"- {line}" for line in aa_lines(r)]]).rstrip("\n")
+
+
 def drives_table(records: list[dict]) -> str:
     from bench.whole_drives.measure import markdown_table
     return markdown_table(records[0])
-
-
-STREAM_MODES = ("plain", "spec+vision+lookup", "spec+vision+stream", "spec+vision+lookup+stream")
-
-
-def streaming_table(records: list[dict]) -> str:
-    """The drives run's streaming-prefill modes beside plain and spec+vision+lookup."""
-    from bench.whole_drives.measure import markdown_table
-    r = records[0]
-    return markdown_table({**r, "modes": [m for m in r["modes"] if m["name"] in STREAM_MODES]})
 
 
 def drives20(records: list[dict]) -> str:
@@ -211,8 +220,6 @@ def projection(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
-OLD = "numbers from an earlier checkpoint; no renderer regenerates them yet"
-
 TABLES = {
     "headline": Table(("bench", "drives"), ("README.md",), headline),
     "bench": Table(("bench",), ("docs/bench.md",), bench_report),
@@ -222,7 +229,6 @@ TABLES = {
                                                                  "flat k=8", "flat-v256 k=8", "eagle3-v256 k=8"))),
     "drives": Table(("drives",), ("docs/bench.md",), drives_table),
     "drives20-k8": Table(("drives20",), ("docs/bench.md",), drives20),
-    "streaming-drives": Table(("drives",), ("docs/bench.md",), streaming_table),
     "closed-loop": Table(("closed-loop",), ("docs/drive.md",), closed_loop),
     "roofline-snapshot": Table(("roofline",), ("docs/profile.md",), roofline_snapshot),
     "roofline-drive": Table(("roofline",), ("docs/profile.md",), roofline_drive),
@@ -238,11 +244,7 @@ TABLES = {
     "claims-aarl-seeds": Table(("claims",), ("docs/claims.md",), claims("aarl_table")),
     "claims-4x-measured": Table(("bench",), ("docs/claims.md",),
                                 comparison(("flat k=8", "mrope k=8", "flat-standalone k=8", "flat-aarl k=8"))),
-    "trees": Table(("trees",), ("docs/bench.md",), bench_report),
-    "adaptive": Table(("adaptive",), ("docs/bench.md",), bench_report),
+    "trees": Table(("trees",), ("docs/bench.md",), bench_acceptance),
+    "adaptive": Table(("adaptive",), ("docs/bench.md",), bench_acceptance),
     "claims-4x-projected": Table(("projection",), ("docs/claims.md",), projection),
 }
-
-# Tables kept as written, with their numbers from an earlier checkpoint (fingerprint=unknown in
-# their markers): the command that measured each, for whoever regenerates it.
-LEGACY: dict = {}
