@@ -44,7 +44,7 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.eagle3 import Eagle3Layer
-from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, new_kv_cache
+from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, inference_plan, new_kv_cache
 from models.rope import rope_cos_sin
 
 
@@ -123,13 +123,15 @@ class Draft(nn.Module):
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: torch.Tensor | None = None, start=0,
                 features: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None,
-                head_only: bool = False, tree=None) -> tuple[torch.Tensor, torch.Tensor]:
+                head_only: bool = False, tree=None, kv_len: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T), cos/sin (B, T, head_dim), cache (layers, 2, B, KVH, max_len, hd) or None
         (then causal over the T rows), features (B, T, 3D) | (B, T, D) | None (features="none")
         -> logits (B, T, V) (head_only: the head's own (B, T, N)), hidden (B, T, D). The cache
         contract is the target's: rows start..start+T-1 written by index, attention over all
         max_len rows under a mask; `tree` (T, max_len) bool replaces that causal mask (a token
-        tree's nodes: each sees the prefix and its ancestors, wherever their rows are)."""
+        tree's nodes: each sees the prefix and its ancestors, wherever their rows are). kv_len:
+        the inference path over cache rows 0 .. kv_len-1 (Target.forward's)."""
         x = self.inputs(ids, features, image_embeds)
         rows, mask = (None, None) if cache is None else \
             cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
@@ -137,8 +139,10 @@ class Draft(nn.Module):
             if cache is None:
                 raise ValueError("a tree mask needs a cache")
             mask = tree
+        plan = None if kv_len is None else inference_plan(self.llm, cache, start, ids.shape[1], kv_len,
+                                                           mask, cos, sin, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask)
+            x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask, plan)
         logits = self.head(x)
         return (logits if head_only else self.to_target(logits)), x
 
