@@ -143,7 +143,7 @@ class Draft(nn.Module):
                                                            mask, cos, sin, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask, plan)
-        logits = self.head(x)
+        logits = self.head(x, fast=plan is not None)
         return (logits if head_only else self.to_target(logits)), x
 
     def inputs(self, ids: torch.Tensor, features: torch.Tensor | None,
@@ -162,11 +162,12 @@ class Draft(nn.Module):
             raise ValueError("this draft has features='none' (standalone); pass features=None")
         return x
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head(self, hidden: torch.Tensor, fast: bool = False) -> torch.Tensor:
         """Last layer's residual (B, T, D) -> logits (B, T, V) through the target's head, or
-        (B, T, N) through the draft's own reduced head (map them with `to_target` / d2t)."""
+        (B, T, N) through the draft's own reduced head (map them with `to_target` / d2t); fast:
+        the final norm in one op (the inference path's)."""
         head = self.vocab_head if self.cfg.vocab else self.lm_head
-        return head(self.norm(hidden))
+        return head(self.norm.fast(hidden) if fast else self.norm(hidden))
 
     def _fuse(self, features: torch.Tensor | None, shape) -> torch.Tensor:
         D, n = self.llm.hidden, len(self.cfg.feature_layers)

@@ -79,7 +79,7 @@ class RMSNorm(nn.Module):
 
     def fast(self, x: torch.Tensor) -> torch.Tensor:
         """forward in one op where x and the weight share a dtype (F.rms_norm; its sums in fp32)."""
-        if x.dtype != self.weight.dtype:
+        if x.dtype != self.weight.dtype or plain_path():
             return self(x)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
@@ -119,8 +119,7 @@ def fused_linear(owner: nn.Module, name: str, parts) -> tuple | None:
     wrapped), or while exporting: the caller then runs the parts one by one."""
     if plain_path() or any(type(m) is not nn.Linear for m in parts):
         return None
-    tensors = [t for m in parts for t in (m.weight, m.bias) if t is not None]
-    key = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in tensors)
+    key = version_key([t for m in parts for t in (m.weight, m.bias) if t is not None])
     cached = owner.__dict__.get(name)
     if cached is None or cached[0] != key:
         with torch.no_grad():
@@ -129,6 +128,12 @@ def fused_linear(owner: nn.Module, name: str, parts) -> tuple | None:
         cached = (key, (weight, bias))
         owner.__dict__[name] = cached
     return cached[1]
+
+
+def version_key(tensors) -> tuple:
+    """What changes when a parameter is replaced (storage, device, dtype) or written in place
+    (torch's version counter, bumped by every in-place op: copy_, an optimizer step, load)."""
+    return tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in tensors)
 
 
 def add_linear(x: torch.Tensor, h: torch.Tensor, linear: nn.Module) -> torch.Tensor:
@@ -373,7 +378,7 @@ class Attention(nn.Module):
     def _qk_norm_weight(self) -> torch.Tensor:
         """(H + KVH, D): q_norm's weight for each query head, k_norm's for each KV head."""
         w = (self.q_norm.weight, self.k_norm.weight)
-        key = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in w)
+        key = version_key(w)
         cached = self.__dict__.get("_qk_w")
         if cached is None or cached[0] != key:
             with torch.no_grad():

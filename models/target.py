@@ -113,7 +113,8 @@ class Target(nn.Module):
             if i < len(deepstack):  # x[image positions] += deepstack[i], out of place
                 x = x + torch.zeros_like(x).masked_scatter(mask, deepstack[i].to(x.dtype))
             hiddens[i] = x
-        return self.head(x), [hiddens[i] for i in hidden_layers]
+        logits = self.head(x) if plan is None else self.lm_head(self.norm.fast(x))
+        return logits, [hiddens[i] for i in hidden_layers]
 
     def image_block_kv(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        image_embeds: torch.Tensor, deepstack=(), hidden_layers=()
