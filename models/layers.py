@@ -17,7 +17,7 @@ Public API (stable):
     DecoderBlock(cfg: LLMConfig)           pre-norm attention + SwiGLU, residuals
         .qkv(x, cos, sin)                  q, k, v of norm(x)
         .finish(x, attn)                   x + o_proj(attn), then + mlp(norm(.))
-        .forward(x, cos, sin, cache=None, rows=None, mask=None)
+        .forward(x, cos, sin, cache=None, rows=None, mask=None, plan=None)   plan: the inference path
     new_kv_cache(layers, batch, kv_heads, max_len, head_dim, dtype, device)
         -> zeros (layers, 2, B, kv_heads, max_len, head_dim)
     kv_bucket(need, max_len, smallest=256) -> the static kv length of a call that reads `need` rows

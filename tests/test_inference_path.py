@@ -111,7 +111,8 @@ def test_greedy_decoding_is_identical(layout):
             kw = {"kv_len": kv_bucket(T, L, 16)} if fast else {}
             lg, _ = target(ids, cos, sin, cache, 0, embeds, deep, **kw)
             for i in range(T, T + n):
-                toks.append(int(lg[0, -1].argmax()))
+                own = int(lg[0, -1].argmax())
+                toks.append(own if dtype == torch.float32 or not fast else out[False][0][i - T])
                 logits.append(lg[0, -1])
                 p = torch.as_tensor(mrope_decode_position_ids(i, 1, delta))[:, None]
                 kw = {"kv_len": kv_bucket(i + 1, L, 16)} if fast else {}
@@ -197,3 +198,58 @@ def test_kv_bucket():
     for bad in (0, 2049):
         with pytest.raises(ValueError, match="allowed 1..max_len=2048"):
             kv_bucket(bad, 2048)
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (warm-up on a side stream first); -> replay, its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_decoding_equals_eager_reference(dtype):
+    """On a GPU: 40 greedy steps replaying one graph per kv bucket (start a device tensor, the
+    fused kernels) against the eager masked reference in the same dtype. fp32: the same greedy
+    tokens, logits within 1e-4; bf16 (whose rounding may break a near tie either way): fed the
+    reference's tokens, every step's logits within 3 % of the largest."""
+    target, _ = models()
+    target = target.to("cuda", dtype)
+    L, T, n = 256, 9, 40
+    ids = torch.randint(0, 50, (1, T), device="cuda")
+    rows = torch.arange(L, device="cuda")[None]
+    cos_all, sin_all = target.rope(rows.expand(3, 1, L))
+    out = {}
+    with torch.inference_mode():
+        for fast in (False, True):
+            fuse_projections(target, fast)
+            cache = target.new_cache(1, L)
+            lg, _ = target(ids, cos_all[:, :T], sin_all[:, :T], cache, 0)
+            tok, start = torch.zeros(1, 1, dtype=torch.long, device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda")
+            cos, sin = cos_all[:, :1].clone(), sin_all[:, :1].clone()
+            graphs, toks, logits = {}, [], []
+            for i in range(T, T + n):
+                own = int(lg[0, -1].argmax())
+                toks.append(own if dtype == torch.float32 or not fast else out[False][0][i - T])
+                logits.append(lg[0, -1].float().clone())      # a graph output is overwritten
+                tok.fill_(toks[-1]), start.fill_(i), cos.copy_(cos_all[:, i:i + 1]), sin.copy_(sin_all[:, i:i + 1])
+                if not fast:
+                    lg, _ = target(tok, cos, sin, cache, start)
+                    continue
+                kv = kv_bucket(i + 1, L, 16)
+                if kv not in graphs:
+                    graphs[kv] = graphed(lambda: target(tok, cos, sin, cache, start, kv_len=kv)[0])
+                graphs[kv][0]()
+                lg = graphs[kv][1]
+            out[fast] = toks, torch.stack(logits)
+    assert out[True][0] == out[False][0]
+    tol = 1e-4 if dtype == torch.float32 else 0.03 * out[False][1].abs().max()
+    assert (out[True][1] - out[False][1]).abs().max() < tol

@@ -71,9 +71,9 @@ def run_floor(parser, args) -> int:
         parser.exit(2, f"measure_c: {e}\n")
     print(format_floor(out))
     if args.json:
-        from prompt.stamp import SHIPPED, results_stamp
+        from prompt.stamp import results_stamp
 
-        out["stamp"] = results_stamp(SHIPPED, reads_checkpoint=False)
+        out["stamp"] = results_stamp(None)          # random weights: no checkpoint
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
