@@ -247,7 +247,7 @@ def attend_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttnPla
     qg = q.reshape(B, kvh, plan.groups * T, D)
     out = F.scaled_dot_product_attention(qg, k[:, :, :plan.kv_len], v[:, :, :plan.kv_len],
                                          attn_mask=plan.mask)
-    return out.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+    return out.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)    # a kernel may lay it out (B, G*T, KVH, D)
 
 
 def tree_mask(start, tree: torch.Tensor, max_len: int) -> torch.Tensor:

@@ -232,7 +232,8 @@ def test_cuda_graph_decoding_equals_eager_reference(dtype):
             fuse_projections(target, fast)
             cache = target.new_cache(1, L)
             lg, _ = target(ids, cos_all[:, :T], sin_all[:, :T], cache, 0)
-            tok, start = torch.zeros(1, 1, dtype=torch.long, device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda")
+            tok = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+            start = torch.zeros(1, dtype=torch.long, device="cuda")
             cos, sin = cos_all[:, :1].clone(), sin_all[:, :1].clone()
             graphs, toks, logits = {}, [], []
             for i in range(T, T + n):

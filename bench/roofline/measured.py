@@ -72,7 +72,8 @@ def compare(cfg, dev: Device, floor: dict, precision: str) -> list[dict]:
         pred = cost.ms(dev, precision)
         rows.append({"call": name, "measured_ms": got[name], "predicted_ms": pred,
                      "measured_over_predicted": got[name] / pred if pred else None,
-                     "measured_steps": got[name] / step, "within_25pct": bool(pred and abs(got[name] / pred - 1) <= 0.25)})
+                     "measured_steps": got[name] / step,
+                     "within_25pct": bool(pred and abs(got[name] / pred - 1) <= 0.25)})
     return rows
 
 
