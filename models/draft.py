@@ -44,7 +44,7 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.eagle3 import Eagle3Layer
-from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, new_kv_cache
+from models.layers import DecoderBlock, RMSNorm, cache_rows, image_mask, inference_plan, new_kv_cache
 from models.rope import rope_cos_sin
 
 
@@ -123,13 +123,15 @@ class Draft(nn.Module):
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: torch.Tensor | None = None, start=0,
                 features: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None,
-                head_only: bool = False, tree=None) -> tuple[torch.Tensor, torch.Tensor]:
+                head_only: bool = False, tree=None, kv_len: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T), cos/sin (B, T, head_dim), cache (layers, 2, B, KVH, max_len, hd) or None
         (then causal over the T rows), features (B, T, 3D) | (B, T, D) | None (features="none")
         -> logits (B, T, V) (head_only: the head's own (B, T, N)), hidden (B, T, D). The cache
         contract is the target's: rows start..start+T-1 written by index, attention over all
         max_len rows under a mask; `tree` (T, max_len) bool replaces that causal mask (a token
-        tree's nodes: each sees the prefix and its ancestors, wherever their rows are)."""
+        tree's nodes: each sees the prefix and its ancestors, wherever their rows are). kv_len:
+        the inference path over cache rows 0 .. kv_len-1 (Target.forward's)."""
         x = self.inputs(ids, features, image_embeds)
         rows, mask = (None, None) if cache is None else \
             cache_rows(start, ids.shape[1], cache[0][0].shape[-2], ids.device)
@@ -137,9 +139,11 @@ class Draft(nn.Module):
             if cache is None:
                 raise ValueError("a tree mask needs a cache")
             mask = tree
+        plan = None if kv_len is None else inference_plan(self.llm, cache, start, ids.shape[1], kv_len,
+                                                           mask, cos, sin, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask)
-        logits = self.head(x)
+            x = layer(x, cos, sin, None if cache is None else cache[i], rows, mask, plan)
+        logits = self.head(x, fast=plan is not None)
         return (logits if head_only else self.to_target(logits)), x
 
     def inputs(self, ids: torch.Tensor, features: torch.Tensor | None,
@@ -158,11 +162,12 @@ class Draft(nn.Module):
             raise ValueError("this draft has features='none' (standalone); pass features=None")
         return x
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head(self, hidden: torch.Tensor, fast: bool = False) -> torch.Tensor:
         """Last layer's residual (B, T, D) -> logits (B, T, V) through the target's head, or
-        (B, T, N) through the draft's own reduced head (map them with `to_target` / d2t)."""
+        (B, T, N) through the draft's own reduced head (map them with `to_target` / d2t); fast:
+        the final norm in one op (the inference path's)."""
         head = self.vocab_head if self.cfg.vocab else self.lm_head
-        return head(self.norm(hidden))
+        return head(self.norm.fast(hidden) if fast else self.norm(hidden))
 
     def _fuse(self, features: torch.Tensor | None, shape) -> torch.Tensor:
         D, n = self.llm.hidden, len(self.cfg.feature_layers)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from models.config import LLMConfig
-from models.layers import RMSNorm, SwiGLU, attend, write_kv
+from models.layers import AttnPlan, RMSNorm, SwiGLU, attend, attend_plan, plain_path, write_kv
 from models.rope import apply_rope
 
 
@@ -66,9 +66,12 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward(self, x2, cos, sin, cache: torch.Tensor | None = None, rows: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The one cache contract of models/layers.py (DecoderBlock.forward's)."""
+                mask: torch.Tensor | None = None, plan: AttnPlan | None = None) -> torch.Tensor:
+        """The one cache contract of models/layers.py (DecoderBlock.forward's); a plan: attention
+        over its kv_len rows (the projections and norms as they are)."""
         q, k, v = self.qkv(x2, cos, sin)
         if cache is not None:
             k, v = write_kv(cache, rows, k, v)
+        if plan is not None and not plain_path():
+            return self.finish(x2, attend_plan(q, k, v, plan))
         return self.finish(x2, attend(q, k, v, mask, causal=mask is None))

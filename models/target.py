@@ -25,7 +25,7 @@ from torch import nn
 
 from models.config import TargetConfig
 from models.layers import (DecoderBlock, RMSNorm, attend, cache_rows, frame_local_mask, image_mask,
-                           new_kv_cache)
+                           inference_plan, new_kv_cache)
 from models.rope import apply_rope, rope_cos_sin
 from models.vision import VisionTower
 
@@ -63,7 +63,8 @@ class Target(nn.Module):
     def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: torch.Tensor | None = None, start=0,
                 image_embeds: torch.Tensor | None = None, deepstack=None,
-                hidden_layers=(), tree=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                hidden_layers=(), tree=None, kv_len: int | None = None
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """ids (B, T); cos/sin (B, T, head_dim) -> logits (B, T, V) and, for each index i in
         hidden_layers, the residual stream after layer i (B, T, D) (DeepStack included).
 
@@ -76,6 +77,9 @@ class Target(nn.Module):
         deepstack[i] (N, D) added; the vision tokens must be in this call's `ids`.
         tree (T, max_len) bool, with a cache and no images: replaces the causal mask (a token
         tree: models.layers.tree_mask; the rows are still start .. start+T-1).
+        kv_len (an int, with a cache): the inference path, attending over cache rows
+        0 .. kv_len-1 only (start + T <= kv_len; models.layers.kv_bucket picks it), with the
+        fused kernels (models.layers docstring); None: over all max_len rows, the reference.
         """
         x = self.embed_tokens(ids)
         mask = None
@@ -101,13 +105,16 @@ class Target(nn.Module):
                 rows = None
             else:
                 attn_mask = frame_local_mask(ids, self.cfg.image_token_id, rows, attn_mask)
+        plan = None if kv_len is None else inference_plan(self.cfg.llm, cache, start, ids.shape[1], kv_len,
+                                                           attn_mask, cos, sin, x.dtype)
         hiddens = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None if cache is None else cache[i], rows, attn_mask)
+            x = layer(x, cos, sin, None if cache is None else cache[i], rows, attn_mask, plan)
             if i < len(deepstack):  # x[image positions] += deepstack[i], out of place
                 x = x + torch.zeros_like(x).masked_scatter(mask, deepstack[i].to(x.dtype))
             hiddens[i] = x
-        return self.head(x), [hiddens[i] for i in hidden_layers]
+        logits = self.head(x) if plan is None else self.lm_head(self.norm.fast(x))
+        return logits, [hiddens[i] for i in hidden_layers]
 
     def image_block_kv(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        image_embeds: torch.Tensor, deepstack=(), hidden_layers=()

@@ -28,7 +28,7 @@ INTERNALS = {
     r"\blm_head\(": "the LM head (call the model's head())",
 }
 # private names of the standard library / numpy / torch that files may use
-LIBRARY_PRIVATE = {"_replace", "_asdict", "_fields", "_make", "_exit", "_getframe"}
+LIBRARY_PRIVATE = {"_replace", "_asdict", "_fields", "_make", "_exit", "_getframe", "_version"}
 
 
 def sources(packages):

@@ -12,6 +12,18 @@ hidden, no fc) and c = (c_feed + (k - 1) c_chain) / k, one draft call of k propo
 vocabulary), several in one run share the target and the draft's layers. --target-layers M builds
 only M target layers and extrapolates the whole target's step from them (a preset whose fp32
 weights do not fit this machine's memory, e.g. alpamayo-r1-10b). Prints one JSON line per head size.
+
+The measured floor (bench/roofline/floor.py), on any device:
+
+    python -m tools.measure_c --floor --preset edge-2b --device cuda --dtype bf16 --max-len 2048
+                              --cached 1200 [--widths 1-9,17,33,65] [--images 8] [--samples 8]
+                              [--path inference|reference] [--eager] [--json OUT]
+
+times the target step at each width, the draft's feed and chain steps, the ViT and the prefill of
+N images and one Euler step of the expert's draws (CUDA graphs on a GPU unless --eager), each
+with the bytes it must read and its share of a device-to-device copy's bandwidth measured in the
+same run, and the kernels (CPU: top-level ops) one eager step launches; prints and writes JSON
+that `specdrive roofline --measured FILE` reads.
 """
 from __future__ import annotations
 
@@ -19,6 +31,7 @@ import argparse
 import json
 
 from tools.argtypes import count
+from tools.measure_floor import add_floor_args, run_floor
 
 
 def vocab_list(text: str) -> tuple[int, ...]:
@@ -39,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", help="configs/models/NAME.yaml or a path")
     parser.add_argument("--cached", type=count(0), default=400, help="cache rows before the step")
-    parser.add_argument("--runs", type=count(1), default=500, help="timed steps per model")
+    parser.add_argument("--runs", type=count(1), default=None,
+                        help="timed steps per model (default 500; --floor: 30 per call)")
     parser.add_argument("--threads", type=count(0), default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--draft-vocab", type=vocab_list, default=(0,),
                         help="draft head rows, comma-separated: full (the target's head) or N")
@@ -47,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="proposals per draft call in c = (c_feed + (k-1) c_chain) / k")
     parser.add_argument("--target-layers", type=count(0), default=0,
                         help="build only this many target layers and extrapolate (0 = all)")
+    add_floor_args(parser)
     args = parser.parse_args(argv)
+    if args.floor:
+        return run_floor(parser, args)
+    args.runs = args.runs or 500
     import torch
 
     from models.config import load_preset

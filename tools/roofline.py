@@ -2,7 +2,7 @@
 
     specdrive roofline --preset alpamayo-r1-10b|edge-2b|tiny --device orin-agx-64|thor|...|cpu
                        [--precision int8] [--k 4 --tau 3.0] [--profile orin] [--budget-ms 100]
-                       [--memory] [--validate PROFILE.json] [--json OUT]
+                       [--memory] [--validate PROFILE.json] [--measured FLOOR.json] [--json OUT]
                        [--trees "16,8,4;32,8,8" (--tree-tau 4.6 5.0 | --bench BENCH.json)]
 
 What it measures and writes: bench/roofline/ (the library this command calls with a RooflineRun).
@@ -39,6 +39,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--threads", type=count(1), default=1, help="torch threads of the cpu microbenchmark")
     p.add_argument("--memory", action="store_true", help="add the memory report")
     p.add_argument("--validate", type=input_file, help="a `specdrive profile` stats.json: measured / projected")
+    p.add_argument("--measured", type=input_file, help="a measured floor (python -m tools.measure_c --floor --json): "
+                   "every call kind predicted against measured, Orin/Thor with its efficiencies, --trees from its "
+                   "verify curve (precision: the floor's dtype)")
     p.add_argument("--json", type=out_file, help="write the result here")
     p.add_argument("--trees", type=tree_list, default=(), help="token trees N,d,K ';'-separated (\"16,8,4;32,8,8\"): "
                    "each priced against the chain (--k, --tau)")

@@ -45,9 +45,10 @@ from models.sizes import param_counts
 from prompt.config import ConfigError, check_choice, check_range
 from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, SHAPES
 
-# precision -> (bytes per weight, which peak does the arithmetic). int4 is weight-only (AWQ):
+# precision -> (bytes per weight, which peak does the arithmetic). bf16 runs at the fp16 tensor
+# peak (the same on Ampere, Hopper, Blackwell data sheets). int4 is weight-only (AWQ):
 # the matmuls run in fp16 on dequantized weights; fp4 is NVFP4 (Blackwell tensor cores).
-PRECISIONS = {"fp32": (4.0, "fp32"), "fp16": (2.0, "fp16"), "int8": (1.0, "int8"),
+PRECISIONS = {"fp32": (4.0, "fp32"), "fp16": (2.0, "fp16"), "bf16": (2.0, "fp16"), "int8": (1.0, "int8"),
               "fp8": (1.0, "fp8"), "int4": (0.5, "fp16"), "fp4": (0.5, "fp4")}
 IMPLS = ("reference", "engine")
 
@@ -360,22 +361,36 @@ def tree_step_costs(cfg: ModelConfig, w: Workload, impl: str, shape, tau: float)
     return {"draft": draft, "verify": s.target(width, ctx, w.max_len, width), "moves": moves}
 
 
-def project_trees(cfg: ModelConfig, dev: Device, w: Workload, trees, goal: float = 0.15) -> dict:
+def project_trees(cfg: ModelConfig, dev: Device, w: Workload, trees, goal: float = 0.15,
+                  prices: dict | None = None) -> dict:
     """Token trees against the chain of `w` (k, tau): [(TreeShape, tau or None)] -> the verify ms
     of every width, and per tree its step's ms; with its tau, its reasoning stage (ceil(N / tau)
     steps) and how far below the chain's it is; always the tau it would need to be `goal` below
     (`tau_needed`: N over the most whole steps that fit, as the reasoning stage counts them; None
-    when not even one step fits)."""
-    chain = project(cfg, dev, w)["speculative"]["reasoning_ms"]
+    when not even one step fits). `prices` (a measured floor, bench/roofline/measured.py
+    measured_prices): every verify from its measured width curve, the chain's draft steps and a
+    tree's first (feed) call from the measured draft steps; the rest as priced here."""
     N, widths = w.reasoning_tokens, sorted({1, w.k + 1, *(1 + t.nodes for t, _ in trees)})
     s = Shapes(cfg, w.precision, dev.impl)
     ctx = (w.prompt_len or prompt_tokens(cfg, w.images, w.image_hw)) + N / 2
-    verify = {wd: s.target(wd, ctx, w.max_len, wd).ms(dev, w.precision) for wd in widths}
+    if prices is None:
+        chain = project(cfg, dev, w)["speculative"]["reasoning_ms"]
+        verify = {wd: s.target(wd, ctx, w.max_len, wd).ms(dev, w.precision) for wd in widths}
+    else:
+        verify = {wd: prices["verify"](wd) for wd in widths}
+        steps = math.ceil(N / w.tau) if w.k else N
+        chain = steps * ((1 - w.lookup_share) * w.k * prices["draft_step"] + verify[w.k + 1]) if w.k \
+            else N * verify[1]
     rows = []
     for shape, tau in trees:
         if tau is not None:
             check_range(f"tree {shape} tau", tau, lo=1.0, hi=shape.depth + 1.0)
         ms = {k: c.ms(dev, w.precision) for k, c in tree_step_costs(cfg, w, dev.impl, shape, tau or 1.0).items()}
+        if prices is not None:
+            ms["verify"] = verify[1 + shape.nodes]
+            wide = s.draft(shape.topk, ctx, w.max_len, shape.topk, fc=False).ms(dev, w.precision)
+            one = s.draft(1, ctx, w.max_len, 1, fc=False).ms(dev, w.precision)
+            ms["draft"] = prices[DRAFT_FEED] + (shape.depth - 1) * prices[DRAFT_CHAIN] * wide / one
         step = sum(ms.values())
         row = {"tree": str(shape), "width": 1 + shape.nodes, **{f"{k}_ms": v for k, v in ms.items()},
                "step_ms": step, "tau": tau, "reasoning_ms": None, "below_chain": None,

@@ -51,6 +51,7 @@ class RooflineRun:
     trees: tuple = ()               # token trees "N,d,K" priced against the chain (k, tau)
     tree_tau: tuple = ()            # each tree's tau, in order (else from `bench`, else its cost only)
     bench: Path | None = None       # a `specdrive bench` record: its tree modes' tau, its k chain's tau
+    measured: Path | None = None    # a measured floor (tools.measure_c --floor): predicted against measured
 
 
 def with_draft_vocab(cfg, n: int):
@@ -100,6 +101,13 @@ def run(q: RooflineRun) -> int:
 
     cfg = with_draft_vocab(load_preset(q.preset), q.draft_vocab)
     dev, peaks = resolve_device(q)
+    floor = None
+    if q.measured:
+        from bench.roofline.measured import DTYPE_PRECISION, read_floor
+
+        floor = read_floor(q.measured, q.preset)
+        if q.precision is None:
+            q = dataclasses.replace(q, precision=DTYPE_PRECISION.get(floor["dtype"], floor["dtype"]))
     pcfg = load_planner_config(q.profile or default_profile(q.device))
     w = workload(q, cfg, pcfg, dict(load_devices().workloads.get(q.preset, {})))
     smaller = (SMALLER[q.preset], load_preset(SMALLER[q.preset])) if q.preset in SMALLER else None
@@ -109,10 +117,14 @@ def run(q: RooflineRun) -> int:
     result = roofline(cfg, dev, w, len(pcfg.cameras), smaller, q.lookup_share)
     result.update(preset=q.preset, device=q.device, peaks=peaks)
     print(format_result(result))
+    prices = None
+    if floor is not None:
+        result["measured"], prices = measured_report(q, cfg, dev, w, floor)
     if trees:
-        result["token_trees"] = {**project_trees(cfg, dev, w, trees, TREE_GOAL),
+        result["token_trees"] = {**project_trees(cfg, dev, w, trees, TREE_GOAL, prices),
                                  "tau_from": {"trees": "--tree-tau" if q.tree_tau else str(q.bench or "-"),
-                                              "chain": "--tau" if chain_tau is None else str(q.bench)}}
+                                              "chain": "--tau" if chain_tau is None else str(q.bench)},
+                                 "priced_from": str(q.measured) if prices else "the roofline"}
         print(format_trees(result["token_trees"]))
     if q.memory:
         result["memory"] = memory_report(cfg, w.precision, [result["prompt_len"]], w.max_len,
@@ -129,6 +141,32 @@ def run(q: RooflineRun) -> int:
         q.json.parent.mkdir(parents=True, exist_ok=True)
         q.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
+
+
+OTHERS = ("orin-agx-64", "thor")      # projected with the measured efficiencies (--measured)
+
+
+def measured_report(q: RooflineRun, cfg, dev: Device, w: Workload, floor: dict) -> tuple[dict, dict]:
+    """--measured: every call kind predicted against measured on `dev`, the efficiencies the floor
+    reached, the Orin / Thor cycles with them (INT8, their datasheet peaks; bench/roofline/measured.py)
+    -> (the report, the prices --trees takes from the floor)."""
+    from bench.roofline.measured import calibrated, check_finite, compare, efficiencies, format_compare, measured_prices
+
+    rows = compare(cfg, dev, floor, w.precision)
+    check_finite(rows)
+    eff = efficiencies(dev, floor, w.precision)
+    table, others = load_devices().devices, []
+    for name in OTHERS:
+        ow = dataclasses.replace(w, precision="int8")
+        others.append({"device": name, "precision": "int8",
+                       "assumed_eff_ms": project(cfg, table[name], ow)["speculative"]["cycle_ms"],
+                       "measured_eff_ms": project(cfg, calibrated(table[name], eff), ow)["speculative"]["cycle_ms"],
+                       "efficiencies": {k: eff[k] for k in ("memory_efficiency", "compute_efficiency")}})
+    print(format_compare(rows, floor, dev, eff, others))
+    report = {"file": str(q.measured), "calls": rows, "efficiencies": eff, "projections": others,
+              "floor": {k: floor.get(k) for k in ("device", "device_name", "dtype", "path", "graphs", "max_len",
+                                                   "cached", "copy_gbps", "kernels")}}
+    return report, measured_prices(floor, w.k)
 
 
 def roofline(cfg, dev: Device, w: Workload, cameras: int, smaller: tuple | None = None,
