@@ -1,5 +1,8 @@
 """`specdrive train vision|sft|distill|aarl|ship|eval|card --config configs/train/X.yaml` (wired by tools/cli.py).
 
+`grid --config configs/grids/X.yaml [--max-cells N] [--budget-min M] [--status]` runs the next
+unfinished cells of a grid and commits each finished one under its results folder (train.grid).
+
 `card` renders the model card again from an eval config's metrics file and notes, without
 evaluating.
 
@@ -29,6 +32,23 @@ def add_parser(subparsers) -> None:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field (dotted, value as YAML), e.g. --set run.out=runs/x")
         p.set_defaults(run=_run)
+    p = stages.add_parser("grid", help="the next unfinished cells of a grid (config: configs/grids/*.yaml)")
+    p.add_argument("--config", required=True, help="YAML file of the grid")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a grid field")
+    p.add_argument("--max-cells", type=int, default=None, help="run at most N cells now")
+    p.add_argument("--budget-min", type=float, default=None,
+                   help="start no cell that the mean cell time says would end past M minutes")
+    p.add_argument("--status", action="store_true", help="say how many cells are finished; run none")
+    p.set_defaults(run=_run_grid)
+
+
+def _run_grid(args) -> int:
+    from train import grid
+
+    sets = list(args.set) + [f"{k}={v}" for k, v in (("max_cells", args.max_cells), ("budget_min", args.budget_min))
+                             if v is not None]
+    print(grid.run(grid.load(args.config, sets), status_only=args.status))
+    return 0
 
 
 def _run(args) -> int:

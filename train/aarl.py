@@ -12,7 +12,8 @@ row, as when it drafts), sampled at `temperature` over text tokens. Each rollout
                under a budget
     r_accept = fraction of rollout tokens equal to the target's greedy choice after the same
                prefix (one teacher-forced target pass); the leading run of such tokens is the
-               length the target accepts (logged as `accepted`)
+               length the target accepts (logged as `accepted`); accept_on: leading scores
+               that run's share of the rollout instead
     R = action_weight * r_action + accept_weight * r_accept
 
 Advantages are group-relative, A = (R - mean_group R) / (std_group R + 1e-6); the update is
@@ -77,6 +78,13 @@ def _teacher_forced(target, ex, coc: list, tok):
     return cache, e, greedy, (greedy == b.ids[0, e.reasoning_start + 1:]).float()
 
 
+def accept_score(match: torch.Tensor, cfg: AARLConfig) -> float:
+    """r_accept of one rollout from its per-token agreement with the target (module docstring)."""
+    if not len(match):
+        return 1.0
+    return float(match.mean()) if cfg.accept_on == "agree" else float(torch.cumprod(match, 0).sum()) / len(match)
+
+
 @torch.no_grad()
 def rewards(target, expert, ex, scene, first: int, tokens, valid, tok, cfg: AARLConfig) -> dict:
     """Score each rollout: action (ADE, collision) and the target's agreement; one full target
@@ -94,7 +102,8 @@ def rewards(target, expert, ex, scene, first: int, tokens, valid, tok, cfg: AARL
         ade = metrics.ade(wp[0].numpy(), ex.future)
         hit = metrics.collides(wp[0].numpy(), scene)
         agree = float(match.mean()) if len(match) else 1.0
-        r = cfg.action_weight * (-ade / cfg.ade_scale - cfg.collision_penalty * hit) + cfg.accept_weight * agree
+        r = cfg.action_weight * (-ade / cfg.ade_scale - cfg.collision_penalty * hit) + \
+            cfg.accept_weight * accept_score(match, cfg)
         for key, val in (("r", r), ("ade", ade), ("collision", float(hit)), ("agree", agree),
                          ("accepted", float(torch.cumprod(match, 0).sum()))):
             out[key].append(val)
@@ -145,7 +154,8 @@ def rewards_batched(target, expert, ex, scene, first: int, tokens, valid, tok, c
     for u in range(U):
         ade, hit = metrics.ade(wp[u], ex.future), metrics.collides(wp[u], scene)
         agree = float(match[u].mean()) if len(match[u]) else 1.0
-        r = cfg.action_weight * (-ade / cfg.ade_scale - cfg.collision_penalty * hit) + cfg.accept_weight * agree
+        r = cfg.action_weight * (-ade / cfg.ade_scale - cfg.collision_penalty * hit) + \
+            cfg.accept_weight * accept_score(match[u], cfg)
         rows.append((r, ade, float(hit), agree, float(torch.cumprod(match[u], 0).sum())))
     pick = [rows[distinct.index(tuple(c))] for c in cocs]
     return {k: torch.tensor([p[i] for p in pick]) for i, k in enumerate(("r", "ade", "collision", "agree", "accepted"))}

@@ -126,9 +126,13 @@ class DistillConfig:
     temperature: float = 1.0
     draft_vocab: int = 0           # 0: the draft shares the target's LM head; N: its own head over the
                                    # N tokens the target writes most (prompt/draft_vocab.py), variant "<v>-v<N>"
+    position_gap: int = 0          # the dose-response: copies of the prompt's image region added to the
+                                   # draft's positions before the reasoning (train.teachers.draft_inputs)
+    reasoning_cache: str = ""      # the target's greedy reasoning file; '' = RUN/reasoning.safetensors
 
     def __post_init__(self):
         check_range("draft_vocab", self.draft_vocab, lo=0)
+        check_range("position_gap", self.position_gap, lo=0, hi=64)
         if not self.drafts:
             raise ConfigError(f"drafts must name at least one of {list(DISTILLED)}")
         for d in self.drafts:
@@ -160,10 +164,14 @@ class AARLConfig:
     trajectory_samples: int = 1    # expert draws averaged per scored trajectory (as the runtime)
     action_on: str = "rollout"     # the text the action reward scores: the rollout, or what one
                                    # verify pass of it lets through (one_pass: a budget cut)
+    accept_on: str = "agree"       # r_accept: the share of rollout tokens equal to the target's greedy
+                                   # choice (agree), or the share in the leading run of them (leading:
+                                   # what one verify pass accepts)
 
     def __post_init__(self):
         check_range("group", self.group, lo=2)
         check_choice("action_on", self.action_on, ("rollout", "one_pass"))
+        check_choice("accept_on", self.accept_on, ("agree", "leading"))
         check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
         check_range("temperature", self.temperature, lo=1e-3)

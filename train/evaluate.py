@@ -67,12 +67,14 @@ FREE_K = 16                      # the free-running accepted length is measured 
 
 
 @torch.no_grad()
-def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: list[int], families=None) -> dict:
+def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: list[int], families=None,
+                  gap: int = 0) -> dict:
     """Greedy tau at k (all, routine, commitment steps) and at TAU_KS; per-token acceptance alpha
     (the draft's next token equals the target's after the exact prefix) over routine and
     commitment tokens and per family; the free-running accepted length (drafted tokens accepted
     per step when k does not stop the draft, capped at FREE_K, with the share of steps that hit
-    the cap); attention mass on history / vision keys."""
+    the cap); attention mass on history / vision keys. `gap`: the draft's positions as it was
+    distilled with them (train.teachers, DistillConfig.position_gap)."""
     text = torch.from_numpy(tok.text_mask())
     K = max(k, FREE_K, *TAU_KS)
     tot = {"all": [0, 0], "routine": [0, 0], "commitment": [0, 0]}
@@ -82,7 +84,7 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
     mass = {kind: [] for kind in KEY_KINDS}
     for b0 in range(0, len(teachers), 8):
         chunk = teachers[b0:b0 + 8]
-        ids, cos, sin, features, image_embeds = draft_inputs(chunk, draft, tok.pad)
+        ids, cos, sin, features, image_embeds = draft_inputs(chunk, draft, tok.pad, gap)
         first = chunk[0].first
         passes = chain_forward(draft, ids, cos, sin, features, image_embeds, first, K)
         for b, t in enumerate(chunk):
