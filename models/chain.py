@@ -37,7 +37,7 @@ def _chain_attention(q, k0, v0, ks, vs, rows: torch.Tensor, p: int) -> torch.Ten
     B, H, n, D = q.shape
     k0, v0 = expand_kv(k0, H), expand_kv(v0, H)
     scores = q @ k0.transpose(-1, -2) / math.sqrt(D)                      # (B, H, n, T)
-    visible = torch.arange(k0.shape[2])[None, :] <= (rows - p)[:, None]     # (n, T)
+    visible = torch.arange(k0.shape[2], device=q.device)[None, :] <= (rows.to(q.device) - p)[:, None]  # (n, T)
     scores = scores.masked_fill(~visible, float("-inf"))
     diag = [(q * expand_kv(k, H)).sum(-1, keepdim=True) / math.sqrt(D) for k in ks]  # (B, H, n, 1)
     probs = torch.softmax(torch.cat([scores, *diag], -1).float(), -1).to(q.dtype)

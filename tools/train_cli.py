@@ -20,6 +20,7 @@ from train import config
 
 RUNNERS = {"vision": "train.vision:run", "sft": "train.sft:run", "distill": "train.distill:run", "aarl": "train.aarl:run",
            "ship": "train.ship:run", "eval": "train.evaluate:run", "card": "train.evaluate:card"}
+DEVICE_KEY = {"sft": "run.device", "distill": "run.device", "aarl": "run.device", "eval": "device"}   # --device
 
 
 def add_parser(subparsers) -> None:
@@ -31,6 +32,9 @@ def add_parser(subparsers) -> None:
         p.add_argument("--config", required=True, help="YAML file of this stage's config")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field (dotted, value as YAML), e.g. --set run.out=runs/x")
+        if stage in DEVICE_KEY:
+            p.add_argument("--device", choices=config.DEVICES, default=None,
+                           help=f"where the models run (--set {DEVICE_KEY[stage]}=...); default: the config's")
         p.set_defaults(run=_run)
     p = stages.add_parser("grid", help="the next unfinished cells of a grid (config: configs/grids/*.yaml)")
     p.add_argument("--config", required=True, help="YAML file of the grid")
@@ -52,7 +56,10 @@ def _run_grid(args) -> int:
 
 
 def _run(args) -> int:
-    cfg = config.load(args.stage, args.config, args.set)
+    sets = list(args.set)
+    if getattr(args, "device", None):
+        sets.append(f"{DEVICE_KEY[args.stage]}={args.device}")
+    cfg = config.load(args.stage, args.config, sets)
     module_name, func = RUNNERS[args.stage].split(":")
     result = getattr(importlib.import_module(module_name), func)(cfg)
     if result is not None:

@@ -47,11 +47,12 @@ def prefill(target, ex: data.Example, feature_layers: tuple, banned: torch.Tenso
     draft features (1, T0+1, 3D), image embeds, T0); with `max_new` > 0 also the target's cache
     (T0 + max_new + 2 rows, the prompt's written), which `rewards` continues for every rollout."""
     ids, pos, _, pixels, grid = reasoning.prompt_batch([ex], target.cfg.vision)
-    embeds, deep = target.encode_images(pixels, grid)
+    dev = target.embed_tokens.weight.device
+    embeds, deep = target.encode_images(pixels.to(dev), grid)
     cache = target.new_cache(1, ids.shape[1] + max_new + 2) if max_new else None
-    logits, hid = target(ids, *target.rope(pos), cache, 0, embeds, deep, hidden_layers=feature_layers)
+    logits, hid = target(ids.to(dev), *target.rope(pos), cache, 0, embeds, deep, hidden_layers=feature_layers)
     feats = torch.cat(hid, -1)
-    first = int(logits[0, -1].masked_fill(banned, float("-inf")).argmax())
+    first = int(logits[0, -1].masked_fill(banned.to(dev), float("-inf")).argmax())
     feats = shift_features(torch.cat([feats, torch.zeros_like(feats[:, :1])], 1))
     return (first, feats, embeds, ids.shape[1]) + ((cache,) if max_new else ())
 
@@ -144,11 +145,10 @@ def rewards_batched(target, expert, ex, scene, first: int, tokens, valid, tok, c
         through = [list(c[:n + 1]) + g[n:n + 1].tolist() for c, n, g in zip(distinct, run, greedy)]
         cache, lens, _, _ = _continued(target, ex, through, prompt_cache, tok)
     S, U = cfg.trajectory_samples, len(distinct)
-    gen = torch.Generator().manual_seed(int(ex.index))
-    noise = torch.randn((S, expert.cfg.n_waypoints, expert.cfg.action_dim), generator=gen).repeat(U, 1, 1)
     dev = cache.device
+    noise = data.expert_noise(expert, ex.index, S, dev).repeat(U, 1, 1)
     wp, _ = expert.sample(cache, lens, torch.full((U,), float(ex.v0), device=dev), rope_delta=ex.rope_delta,
-                          noise=noise.to(dev), samples=S)
+                          noise=noise, samples=S)
     wp = wp.cpu().numpy()
     rows = []
     for u in range(U):
@@ -167,8 +167,9 @@ def rollouts(draft, target, ex: data.Example, tok, cfg: AARLConfig):
     features, image embeds, tokens (G, max_new_tokens), the target's prompt cache). Seed torch's
     RNG before calling."""
     first, prefix, feats, embeds, cache = _prefix(draft, target, ex, tok, cfg)
-    tokens, _ = rollout(draft, prefix, feats, embeds, cfg.max_new_tokens, torch.from_numpy(tok.sampling_mask()),
-                        cfg.temperature, group=cfg.group, stop=tok.cot_end)
+    text = torch.from_numpy(tok.sampling_mask()).to(prefix.device)
+    tokens, _ = rollout(draft, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, group=cfg.group,
+                        stop=tok.cot_end)
     return first, prefix, feats, embeds, tokens, cache
 
 
@@ -244,9 +245,13 @@ def run(cfg: AARLConfig) -> Path:
     world = dist.init()
     tok, model_cfg, target, expert = io.load_planner(cfg.target)
     source = ckpt.target_sha256(cfg.target)          # recorded with every checkpoint of the draft
+    dev = loop.device(cfg.run.device)
     for p in [*target.parameters(), *expert.parameters()]:
         p.requires_grad_(False)
+    target.to(dev)
+    expert.to(dev)
     _, policy, meta = io.load_draft(cfg.draft, model_cfg, target)
+    policy.to(dev)
     if meta.variant != "flat":
         raise ValueError(f"{cfg.draft}: AARL post-trains the 'flat' draft, this is {meta.variant!r}")
     ref = policy.frozen_copy()

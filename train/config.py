@@ -18,6 +18,7 @@ from models.config import IMAGE_ATTENTION
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
 
 STAGES = ("vision", "sft", "distill", "aarl")
+DEVICES = ("cpu", "cuda")
 DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone", "eagle3")   # what `train distill` makes
 DRAFTS = DISTILLED + ("flat-aarl",)
 
@@ -46,6 +47,7 @@ class RunConfig:
     threads: int = 0               # torch.set_num_threads in this run; 0 = leave torch's default
     ckpt_every_s: float = 180.0    # wall-clock seconds between resumable checkpoints
     log_every: int = 10
+    device: str = "cpu"            # "cuda": the models and batches on the first visible GPU (train.loop.device)
 
     def __post_init__(self):
         for name in ("steps", "batch_size"):
@@ -59,6 +61,7 @@ class RunConfig:
         check_range("run.ckpt_every_s", self.ckpt_every_s, lo=0.0)
         if not self.out:
             raise ConfigError("run.out must name a run folder, got ''")
+        check_choice("run.device", self.device, DEVICES)
 
 
 @dataclass
@@ -217,6 +220,7 @@ class EvalConfig:
     max_new_tokens: int = 96
     batch: int = 16
     threads: int = 0
+    device: str = "cpu"            # "cuda": the models on the first visible GPU
     out: str = "runs/eval-tiny/metrics.json"
     runtime_scenes: int = 0        # test scenes also run through runtime.Planner (torch backend)
     aarl_scenes: int = 0           # heldout scenes on which draft-flat and draft-flat-aarl are scored
@@ -238,6 +242,7 @@ class EvalConfig:
         check_range("batch", self.batch, lo=1)
         check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         check_range("aarl_scenes", self.aarl_scenes, lo=0)
+        check_choice("device", self.device, DEVICES)
         for s in self.splits:
             DataConfig(split=s)
 

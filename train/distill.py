@@ -85,6 +85,7 @@ def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, 
     torch.manual_seed(seed)
     vocab_n = 0 if d2t is None else len(d2t)
     draft = Draft(ckpt.draft_config(model_cfg, variant, vocab_n), target.embed_tokens, target.lm_head)
+    draft.to(target.embed_tokens.weight.device)
     text_ids = torch.from_numpy(np.flatnonzero(tok.text_mask()))
     if d2t is not None:
         draft.set_vocab(d2t)
@@ -110,6 +111,7 @@ def run(cfg: DistillConfig) -> list[Path]:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     tok, model_cfg, target, _ = io.load_planner(cfg.target)
+    target.to(loop.device(cfg.run.device))
     for p in target.parameters():
         p.requires_grad_(False)
     examples = data.load_examples(cfg.data, tok, model_cfg.target.vision)

@@ -183,11 +183,15 @@ def score(grid: GridConfig, cfg, draft, init) -> dict:
     from train import aarl, data, evaluate, reasoning
     from train.teachers import build_teachers
 
-    s = grid.score
+    from train import loop
+
+    s, dev = grid.score, loop.device(cfg.run.device)
     tok, model_cfg, target, expert = io.load_planner(grid.planner)
-    drafts = {"draft": io.load_draft(draft, model_cfg, target)[1]}
+    target.to(dev)
+    expert.to(dev)
+    drafts = {"draft": io.load_draft(draft, model_cfg, target)[1].to(dev)}
     if init is not None:
-        drafts["init"] = io.load_draft(init, model_cfg, target)[1]
+        drafts["init"] = io.load_draft(init, model_cfg, target)[1].to(dev)
     exs = data.load_examples(config.DataConfig(dir=cfg.data.dir, split=s.split, max_scenes=s.scenes), tok,
                              model_cfg.target.vision)
     toks = []

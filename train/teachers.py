@@ -41,7 +41,7 @@ def build_teachers(target, examples: list, feature_layers: tuple, batch: int) ->
     out, last = [], target.cfg.llm.layers - 1
     for s in range(0, len(examples), batch):
         chunk = examples[s:s + batch]
-        b = data.collate(chunk, 0, target.cfg.vision)
+        b = data.collate(chunk, 0, target.cfg.vision).to(target.embed_tokens.weight.device)
         embeds, deep = target.encode_images(b.pixels, b.grid_thw)
         logits, hid = target(b.ids, *target.rope(b.positions), None, 0, embeds, deep,
                              hidden_layers=(*feature_layers, last))
@@ -84,5 +84,6 @@ def draft_inputs(teachers: list[Teacher], draft: Draft, pad_id: int, gap: int = 
         feats[b, :n] = t.feats.float()
     cos, sin = draft.rope(flat if draft.cfg.rope == "flat" else mpos)
     image_embeds = torch.cat([t.image_embeds.float() for t in teachers])
-    features = shift_features(feats) if draft.cfg.features == "fused" else None
-    return ids, cos, sin, features, image_embeds
+    dev = draft.norm.weight.device
+    features = shift_features(feats.to(dev)) if draft.cfg.features == "fused" else None
+    return ids.to(dev), cos, sin, features, image_embeds
