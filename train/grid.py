@@ -29,11 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from prompt.config import ConfigError, check_choice, check_range
-from train import ckpt, config
+from models import io
+from prompt.config import ConfigError, check_choice, check_range, load_yaml
+from prompt.stamp import results_stamp
+from scenes import dataset
+from train import aarl, ckpt, config, data, distill, evaluate, loop, reasoning
+from train.teachers import build_teachers
 
 STAGES = ("aarl", "distill")
 
@@ -143,8 +146,6 @@ def run_cell(grid: GridConfig, cell: Cell, target_sha: str, train_fn=None, score
     t0 = time.monotonic()
     draft, init = (train_fn or _train)(grid.stage, cfg)
     scores = (score_fn or score)(grid, cfg, draft, init)
-    from prompt.stamp import results_stamp
-
     metrics = {"stamp": results_stamp(grid.planner), "target_sha256": target_sha, "grid": grid.name,
                "cell": cell.name, "stage": grid.stage, "overrides": list(cell.overrides),
                "wall_s": round(time.monotonic() - t0, 1), "log": _last_log(Path(cfg.run.out)), "scores": scores}
@@ -161,11 +162,7 @@ def run_cell(grid: GridConfig, cell: Cell, target_sha: str, train_fn=None, score
 
 def _train(stage: str, cfg):
     if stage == "aarl":
-        from train import aarl
-
         return aarl.run(cfg), cfg.draft
-    from train import distill
-
     return distill.run(cfg)[0], None
 
 
@@ -178,13 +175,6 @@ def _last_log(run: Path) -> dict:
 def score(grid: GridConfig, cfg, draft, init) -> dict:
     """Greedy tau at score.k of the cell's draft (and of its initial draft) on the first
     score.scenes scenes of score.split, with the cell's position gap; for AARL also the reward."""
-    from models import io
-    from scenes import dataset
-    from train import aarl, data, evaluate, reasoning
-    from train.teachers import build_teachers
-
-    from train import loop
-
     s, dev = grid.score, loop.device(cfg.run.device)
     tok, model_cfg, target, expert = io.load_planner(grid.planner)
     target.to(dev)
@@ -250,6 +240,4 @@ def _walls(grid: GridConfig) -> list[float]:
 
 
 def load(path, overrides=()) -> GridConfig:
-    from prompt.config import load_yaml
-
     return load_yaml(GridConfig, path, overrides=tuple(overrides))
