@@ -77,7 +77,7 @@ def test_a_grid_runs_over_calls_skips_finished_cells_and_commits_only_finished_o
     assert grid.run(_grid(tmp_path), train, score) == "grid g: 5/5 cells finished" and calls == []
 
 
-def test_a_result_of_another_target_or_other_settings_is_run_again(tmp_path):
+def test_a_result_of_another_target_settings_or_format_is_run_again(tmp_path):
     calls = []
     train, score = _doubles(tmp_path, calls)
     grid.run(_grid(tmp_path), train, score)
@@ -92,6 +92,10 @@ def test_a_result_of_another_target_or_other_settings_is_run_again(tmp_path):
     grid.run(moved, train, score)                         # the same cell name with other settings
     assert calls == ["ctl-seed0", "ctl-seed0"]
     assert json.loads(f.read_text())["scores"]["kl_coef"] == 0.01
+    g = tmp_path / "results" / "g" / "a-lr1e-05-seed0" / "metrics.json"
+    g.write_text(json.dumps({**json.loads(g.read_text()), "format": grid.FORMAT - 1}))
+    grid.run(moved, train, score)                         # a result of an older format
+    assert calls[-1] == "a-lr1e-05-seed0" and len(calls) == 3
 
 
 def test_the_budget_starts_no_cell_the_mean_cell_time_says_would_overrun(tmp_path):

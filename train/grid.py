@@ -12,12 +12,13 @@ stage, overrides for every cell, and groups; a group's cells are the product of 
                                              fingerprint, commit, command), the cell's overrides,
                                              the last row of its training log, wall time, scores
 
-A cell is finished when its metrics.json records the current target's sha256 and the cell's
-overrides; anything else (missing, another target, other settings) is run again. A cell trains
+A cell is finished when its metrics.json (of this FORMAT) records the current target's sha256 and
+the cell's overrides; anything else (missing, another target, other settings) is run again. A cell trains
 in WORK/<grid>/<cell> (the stage's resumable run folder), is scored, and is written to
 RESULTS/<grid>/.<cell>.tmp, which is renamed into place last: a half-trained or half-written cell
 is never in RESULTS. Scores (GridScore) are greedy tau of the cell's draft (and, for AARL, of its
-initial draft) on fixed scenes, and for AARL the reward of `aarl.score_draft` on the same scenes.
+initial draft) on fixed scenes, with the per-scene (tokens, passes) records train.claims'
+seed-then-scene intervals read, and for AARL the reward of `aarl.score_draft` on the same scenes.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from train import aarl, ckpt, config, data, distill, evaluate, loop, reasoning
 from train.teachers import build_teachers
 
 STAGES = ("aarl", "distill")
+FORMAT = 1          # of a cell's metrics.json: a result of another format is run again
 
 
 @dataclass
@@ -126,7 +128,8 @@ def finished(grid: GridConfig, cell: Cell, target_sha: str) -> bool:
     if not f.is_file():
         return False
     m = json.loads(f.read_text())
-    return m.get("target_sha256") == target_sha and tuple(m.get("overrides", ())) == cell.overrides
+    return m.get("format") == FORMAT and m.get("target_sha256") == target_sha and \
+        tuple(m.get("overrides", ())) == cell.overrides
 
 
 def stage_config(grid: GridConfig, cell: Cell):
@@ -146,7 +149,7 @@ def run_cell(grid: GridConfig, cell: Cell, target_sha: str, train_fn=None, score
     t0 = time.monotonic()
     draft, init = (train_fn or _train)(grid.stage, cfg)
     scores = (score_fn or score)(grid, cfg, draft, init)
-    metrics = {"stamp": results_stamp(grid.planner), "target_sha256": target_sha, "grid": grid.name,
+    metrics = {"format": FORMAT, "stamp": results_stamp(grid.planner), "target_sha256": target_sha, "grid": grid.name,
                "cell": cell.name, "stage": grid.stage, "overrides": list(cell.overrides),
                "wall_s": round(time.monotonic() - t0, 1), "log": _last_log(Path(cfg.run.out)), "scores": scores}
     final = Path(grid.results) / grid.name / cell.name
@@ -198,6 +201,7 @@ def score(grid: GridConfig, cfg, draft, init) -> dict:
     for name, d in drafts.items():
         nums = evaluate.draft_numbers(d, teachers, tok, s.k, ends, gap=gap)
         out[name] = {k: nums[k] for k in ("tau", "tau_routine", "tau_commitment", "alpha", "free_running")}
+        out[name]["per_scene"] = [{"n": r["n"], "f": r["f"]} for r in nums["per_scene"]]   # train.claims' intervals
     if grid.stage == "aarl" and s.aarl_reward:
         scenes = dataset.load(cfg.data.dir, s.split)
         items = [(e, scenes[int(e.index)]) for e in exs]
