@@ -24,6 +24,12 @@ on-policy (one step per batch, so the PPO ratio is 1 and needs no clip):
 
 with q_ref the frozen distilled draft (the static reference). Under exact acceptance the
 planner's output stays the target's; the reward moves what the draft proposes.
+
+A step's cost (aarl_step): the policy's rollouts are sampled and scored in one differentiable
+chain that ends once every member has written <|cot_end|>; the prefill's target cache serves
+every rollout's reward pass, all rollouts of a scene in one target pass and one expert call
+(`rewards_batched`; `rewards` is its plain per-rollout form). What is left is mostly the
+expert's trajectory_samples draws per rollout, integrated in full.
 """
 from __future__ import annotations
 
