@@ -4,7 +4,7 @@ writing decoder arithmetic of its own.
 
     chain_forward(draft, ids, cos, sin, features, image_embeds, first, passes)
         teacher-forced passes of a draft chain (EAGLE-3's "training-time test")
-    rollout(draft, prefix, feats, image_embeds, n, text, temperature, tokens=None, group=1)
+    rollout(draft, prefix, feats, image_embeds, n, text, temperature, tokens=None, group=1, stop=None)
         the draft as it drafts, sampled or scoring given tokens, with autograd (AARL)
     attention_probs(draft, ids, cos, sin, features, image_embeds) -> [(B, H, T, T)] per layer
 
@@ -37,7 +37,7 @@ def _chain_attention(q, k0, v0, ks, vs, rows: torch.Tensor, p: int) -> torch.Ten
     B, H, n, D = q.shape
     k0, v0 = expand_kv(k0, H), expand_kv(v0, H)
     scores = q @ k0.transpose(-1, -2) / math.sqrt(D)                      # (B, H, n, T)
-    visible = torch.arange(k0.shape[2])[None, :] <= (rows - p)[:, None]     # (n, T)
+    visible = torch.arange(k0.shape[2], device=q.device)[None, :] <= (rows.to(q.device) - p)[:, None]  # (n, T)
     scores = scores.masked_fill(~visible, float("-inf"))
     diag = [(q * expand_kv(k, H)).sum(-1, keepdim=True) / math.sqrt(D) for k in ks]  # (B, H, n, 1)
     probs = torch.softmax(torch.cat([scores, *diag], -1).float(), -1).to(q.dtype)
@@ -101,12 +101,15 @@ def _attend_all(q, k, v):
 
 
 def rollout(draft: Draft, prefix: torch.Tensor, feats, image_embeds, n: int, text: torch.Tensor,
-            temperature: float, tokens: torch.Tensor | None = None, group: int = 1):
+            temperature: float, tokens: torch.Tensor | None = None, group: int = 1, stop: int | None = None):
     """The draft as it drafts, differentiable: rows of `prefix` (1, T0+1) in one causal pass
     with target features `feats` (1, T0+1, 3D), then one row per token with its own previous
     hidden as feature, sampled at `temperature` over the `text` (V,) bool tokens. Samples `n`
     tokens per group member (tokens None) or scores the given tokens (G, n). The chain's keys
     grow by concatenation, not in a cache buffer: autograd keeps every step's keys.
+    `stop` (a token id, e.g. <|cot_end|>): once every member has written it, the chain ends;
+    the remaining columns hold `stop` with log q 0 (what a caller masks after the first stop;
+    the earlier columns, and the RNG draws behind them, are those of the full chain).
     Returns (tokens (G, n), log q of each (G, n)). A reduced-head draft (draft.vocab) is refused:
     its samples would be head ids, and AARL scores target ids."""
     if draft.cfg.vocab:
@@ -119,13 +122,16 @@ def rollout(draft: Draft, prefix: torch.Tensor, feats, image_embeds, n: int, tex
     kv = [[k.expand(group, -1, -1, -1), v.expand(group, -1, -1, -1)] for k, v in kv]
     h = x[:, -1:].expand(group, -1, -1)
     out, logq = [], []
+    ended = torch.zeros(group, dtype=torch.bool, device=prefix.device)
     for i in range(n):
         logits = draft.head(h)[:, 0].float().masked_fill(~text, float("-inf"))
         lp = F.log_softmax(logits / temperature, -1)
-        tok = torch.multinomial(lp.exp(), 1)[:, 0] if tokens is None else tokens[:, i]
+        tok = torch.multinomial(lp.detach().exp(), 1)[:, 0] if tokens is None else tokens[:, i]
         out.append(tok)
         logq.append(lp.gather(1, tok[:, None])[:, 0])
-        if i == n - 1:
+        if stop is not None:
+            ended = ended | (tok == stop)
+        if i == n - 1 or (stop is not None and bool(ended.all())):
             break
         x = draft.inputs(tok[:, None], h)
         r = slice(T + i, T + i + 1)
@@ -134,7 +140,12 @@ def rollout(draft: Draft, prefix: torch.Tensor, feats, image_embeds, n: int, tex
             kv[li] = [torch.cat([kv[li][0], k], 2), torch.cat([kv[li][1], v], 2)]
             x = layer.finish(x, _attend_all(q, *kv[li]))
         h = x
-    return torch.stack(out, 1), torch.stack(logq, 1)
+    tokens_out, logq = torch.stack(out, 1), torch.stack(logq, 1)
+    if tokens_out.shape[1] < n:                       # ended early: every member wrote `stop`
+        rest = n - tokens_out.shape[1]
+        tokens_out = torch.cat([tokens_out, tokens_out.new_full((group, rest), stop)], 1)
+        logq = torch.cat([logq, logq.new_zeros(group, rest)], 1)
+    return tokens_out, logq
 
 
 def attention_probs(draft: Draft, ids, cos, sin, features, image_embeds) -> list[torch.Tensor]:

@@ -104,3 +104,76 @@ def test_one_pass_scores_the_action_on_what_one_verify_pass_lets_through(tmp_pat
     assert float(one["accepted"][0]) == float(roll["accepted"][0]) == n   # acceptance is the rollout's
     if n < len(words) - 1:       # a rejection inside the rollout: the two texts differ, and so may the plans
         assert len(through) < len(words) + 1
+
+
+def _plain_step(policy, ref, target, expert, items, tok, cfg, step):
+    """AARL's step as first written (the reference of the fast one): rollouts sampled under
+    no_grad to max_new_tokens, scored again by the policy with autograd and by the reference,
+    each rollout's reward from its own full target pass (`aarl.rewards`)."""
+    text = torch.from_numpy(tok.sampling_mask())
+    losses, rolled = [], []
+    for ex, scene in items:
+        torch.manual_seed(cfg.run.seed * 100_003 + step * 1009 + int(ex.index))
+        first, feats, embeds, T0 = aarl.prefill(target, ex, tuple(policy.cfg.feature_layers),
+                                                torch.from_numpy(tok.traj_mask()))
+        prefix = torch.cat([torch.from_numpy(ex.ids[:T0]), torch.tensor([first])])[None]
+        with torch.no_grad():
+            tokens, _ = rollout(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature,
+                                group=cfg.group)
+            _, ref_lp = rollout(ref, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens,
+                                cfg.group)
+        valid = aarl.valid_mask(tokens, tok.cot_end)
+        _, lp = rollout(policy, prefix, feats, embeds, cfg.max_new_tokens, text, cfg.temperature, tokens, cfg.group)
+        sc = aarl.rewards(target, expert, ex, scene, first, tokens, valid, tok, cfg)
+        adv = (sc["r"] - sc["r"].mean()) / (sc["r"].std() + 1e-6)
+        m = valid.float()
+        d = ref_lp - lp
+        kl = ((d.exp() - d - 1) * m).sum(1) / m.sum(1)
+        losses.append(-(adv * (lp * m).sum(1) / m.sum(1)).mean() + cfg.kl_coef * kl.mean())
+        rolled.append((tokens, valid, sc))
+    return torch.stack(losses).mean(), rolled
+
+
+@pytest.mark.parametrize("action_on", ["rollout", "one_pass"])
+def test_the_fast_step_gives_the_plain_steps_rollouts_losses_and_gradients(action_on, monkeypatch):
+    """The shipped planner on two training scenes (rollout groups that end at <|cot_end|> inside
+    the budget, so the early end is exercised): the same rollout tokens as the plain step; the
+    same rewards to the expert's round-off; given the same rewards, the same loss and gradient.
+    The expert integrates 10 Euler steps through 12 layers: a 2e-6 change in the target's cache
+    (the prompt prefilled alone vs with the CoC) moved its waypoints by up to 8e-3 m (measured on
+    these scenes), so ADE and reward are compared to 2e-2 and the token-level scores exactly."""
+    from models import io
+    from train.config import AARLConfig, RunConfig
+
+    tok, mcfg, target, expert = io.load_planner("checkpoints/tiny")
+    _, policy, _ = io.load_draft("checkpoints/tiny/draft-flat", mcfg, target)
+    ref = policy.frozen_copy()
+    with torch.no_grad():       # a policy off its reference, so the KL term and its gradient are not 0
+        for p in policy.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    items = list(zip(examples(2, tok, mcfg.target.vision), scenes(2)))
+    cfg = AARLConfig(group=4, max_new_tokens=96, temperature=0.7, trajectory_samples=8, kl_coef=0.1,
+                     action_on=action_on, run=RunConfig(seed=3))
+    plain, rolled = _plain_step(policy, ref, target, expert, items, tok, cfg, step=5)
+    want = torch.autograd.grad(plain, list(policy.parameters()))
+    ends = [int(aarl.valid_mask(t, tok.cot_end).sum(1).max()) for t, _, _ in rolled]
+    assert min(ends) < cfg.max_new_tokens, f"no rollout group ended early (lengths {ends}): the case tests nothing"
+    for (tokens, valid, sc), (ex, scene) in zip(rolled, items):   # the fast path's rollouts, drawn again
+        torch.manual_seed(cfg.run.seed * 100_003 + 5 * 1009 + int(ex.index))
+        first, _, _, _, again, cache = aarl.rollouts(policy, target, ex, tok, cfg)
+        assert torch.equal(aarl.valid_mask(again, tok.cot_end), valid)
+        assert torch.equal(again[valid], tokens[valid])
+        fast_sc = aarl.rewards_batched(target, expert, ex, scene, first, again, valid, tok, cfg, cache)
+        for k in ("agree", "accepted", "collision"):
+            assert torch.equal(fast_sc[k], sc[k]), (k, fast_sc[k], sc[k])
+        for k in ("r", "ade"):
+            assert torch.allclose(fast_sc[k], sc[k], rtol=0, atol=2e-2), (k, fast_sc[k], sc[k])
+    plain_rewards = iter([sc for _, _, sc in rolled])
+    monkeypatch.setattr(aarl, "rewards_batched", lambda *a, **k: next(plain_rewards))
+    fast, _ = aarl.aarl_step(policy, ref, target, expert, items, tok, cfg, step=5)
+    got = torch.autograd.grad(fast, list(policy.parameters()))
+    fast, plain = float(fast.detach()), float(plain.detach())
+    assert abs(fast - plain) < 1e-5 * max(1.0, abs(plain)), (fast, plain)
+    for g, w in zip(got, want):     # float round-off: the prompt prefilled with and without a cache
+        assert float((g - w).norm()) <= 1e-4 * float(w.norm()), float((g - w).norm() / w.norm())
+    assert sum(float(w.abs().sum()) for w in want) > 0

@@ -75,23 +75,23 @@ def budget_action(expert, target, teachers, examples, scenes, tok, drafts: dict,
     for i, (t, e) in enumerate(zip(teachers, examples)):
         coc = t.cot_end - t.first                 # CoC tokens after the pending first one
         wanted = {n: None for n in [coc] + [min(c, coc) for cuts in modes.values() for c in cuts[i]]}
-        ids = torch.from_numpy(t.ids)[None]
+        dev = target.embed_tokens.weight.device
+        ids = torch.from_numpy(t.ids)[None].to(dev)
         cache = target.new_cache(1, len(t.ids))
         target(ids, *target.rope(torch.from_numpy(t.positions)[:, None]), cache, 0, *data.vision_embeds(target, e))
         for n in sorted(wanted, reverse=True):    # longest first: a cut overwrites only its own row
             last = t.first + n                    # rows first .. last hold the CoC written so far
             if n < coc:
                 pos = torch.full((1, 1), last + 1 + e.rope_delta)
-                target(torch.tensor([[tok.cot_end]]), *target.rope(pos), cache, last + 1)
+                target(torch.tensor([[tok.cot_end]], device=dev), *target.rope(pos), cache, last + 1)
                 rows_read = last + 2
             else:
                 rows_read = t.cot_end + 1
-            g = torch.Generator().manual_seed(int(e.index))
-            wp, _ = expert.sample(cache, rows_read, torch.tensor([e.v0]), rope_delta=e.rope_delta, generator=g,
-                                  samples=samples)
+            wp, _ = expert.sample(cache, rows_read, torch.tensor([e.v0], device=dev), rope_delta=e.rope_delta,
+                                  noise=data.expert_noise(expert, e.index, samples, dev), samples=samples)
             text = [x for x in t.ids[t.first:min(last, t.cot_end - 1) + 1].tolist() if x != tok.cot_end]
             cause, decision = metrics.commitment_correct(tok.decode(text).split(), scenes[e.index])
-            wanted[n] = (metrics.ade(wp[0].numpy(), e.future), float(cause and decision))
+            wanted[n] = (metrics.ade(wp[0].cpu().numpy(), e.future), float(cause and decision))
         for name, cuts in modes.items():
             for p, c in zip(passes, cuts[i]):
                 ade, right = wanted[min(c, coc)]

@@ -18,6 +18,7 @@ from models.config import IMAGE_ATTENTION
 from prompt.config import ConfigError, check_choice, check_range, load_yaml
 
 STAGES = ("vision", "sft", "distill", "aarl")
+DEVICES = ("cpu", "cuda")
 DISTILLED = ("flat", "mrope", "flat-standalone", "mrope-standalone", "eagle3")   # what `train distill` makes
 DRAFTS = DISTILLED + ("flat-aarl",)
 
@@ -46,6 +47,7 @@ class RunConfig:
     threads: int = 0               # torch.set_num_threads in this run; 0 = leave torch's default
     ckpt_every_s: float = 180.0    # wall-clock seconds between resumable checkpoints
     log_every: int = 10
+    device: str = "cpu"            # "cuda": the models and batches on the first visible GPU (train.loop.device)
 
     def __post_init__(self):
         for name in ("steps", "batch_size"):
@@ -59,6 +61,7 @@ class RunConfig:
         check_range("run.ckpt_every_s", self.ckpt_every_s, lo=0.0)
         if not self.out:
             raise ConfigError("run.out must name a run folder, got ''")
+        check_choice("run.device", self.device, DEVICES)
 
 
 @dataclass
@@ -126,9 +129,13 @@ class DistillConfig:
     temperature: float = 1.0
     draft_vocab: int = 0           # 0: the draft shares the target's LM head; N: its own head over the
                                    # N tokens the target writes most (prompt/draft_vocab.py), variant "<v>-v<N>"
+    position_gap: int = 0          # the dose-response: copies of the prompt's image region added to the
+                                   # draft's positions before the reasoning (train.teachers.draft_inputs)
+    reasoning_cache: str = ""      # the target's greedy reasoning file; '' = RUN/reasoning.safetensors
 
     def __post_init__(self):
         check_range("draft_vocab", self.draft_vocab, lo=0)
+        check_range("position_gap", self.position_gap, lo=0, hi=64)
         if not self.drafts:
             raise ConfigError(f"drafts must name at least one of {list(DISTILLED)}")
         for d in self.drafts:
@@ -160,10 +167,14 @@ class AARLConfig:
     trajectory_samples: int = 1    # expert draws averaged per scored trajectory (as the runtime)
     action_on: str = "rollout"     # the text the action reward scores: the rollout, or what one
                                    # verify pass of it lets through (one_pass: a budget cut)
+    accept_on: str = "agree"       # r_accept: the share of rollout tokens equal to the target's greedy
+                                   # choice (agree), or the share in the leading run of them (leading:
+                                   # what one verify pass accepts)
 
     def __post_init__(self):
         check_range("group", self.group, lo=2)
         check_choice("action_on", self.action_on, ("rollout", "one_pass"))
+        check_choice("accept_on", self.accept_on, ("agree", "leading"))
         check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         check_range("max_new_tokens", self.max_new_tokens, lo=1, hi=256)
         check_range("temperature", self.temperature, lo=1e-3)
@@ -209,6 +220,7 @@ class EvalConfig:
     max_new_tokens: int = 96
     batch: int = 16
     threads: int = 0
+    device: str = "cpu"            # "cuda": the models on the first visible GPU
     out: str = "runs/eval-tiny/metrics.json"
     runtime_scenes: int = 0        # test scenes also run through runtime.Planner (torch backend)
     aarl_scenes: int = 0           # heldout scenes on which draft-flat and draft-flat-aarl are scored
@@ -230,6 +242,7 @@ class EvalConfig:
         check_range("batch", self.batch, lo=1)
         check_range("trajectory_samples", self.trajectory_samples, lo=1, hi=64)
         check_range("aarl_scenes", self.aarl_scenes, lo=0)
+        check_choice("device", self.device, DEVICES)
         for s in self.splits:
             DataConfig(split=s)
 

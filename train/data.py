@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -57,7 +57,7 @@ def vision_embeds(target, e):
     """(image embeds, deepstack) of one example, fp32 from the target's vision tower."""
     v = target.cfg.vision
     pixels, grid = patchify(e.images, v.patch, v.temporal_patch, v.merge)
-    return target.encode_images(torch.from_numpy(pixels), torch.from_numpy(grid))
+    return target.encode_images(torch.from_numpy(pixels).to(target.embed_tokens.weight.device), torch.from_numpy(grid))
 
 
 def image_grid(shape: tuple, vision) -> np.ndarray:
@@ -134,6 +134,12 @@ class Batch:
     index: torch.Tensor       # (B,) scene indices
     lengths: torch.Tensor     # (B,) unpadded lengths
 
+    def to(self, device) -> "Batch":
+        """The tensors the models and losses read, on `device`; grid_thw and the per-scene rows,
+        deltas, indices and lengths stay host data (read on the host)."""
+        moved = ("ids", "positions", "coc", "future", "commitment", "pixels", "actions", "v0")
+        return replace(self, **{k: getattr(self, k).to(device) for k in moved})
+
 
 def collate(examples: list[Example], pad_id: int, vision) -> Batch:
     """Right-pad to the longest sequence; padding sits after every real token so causal
@@ -162,11 +168,18 @@ def collate(examples: list[Example], pad_id: int, vision) -> Batch:
         torch.tensor([e.index for e in examples]), torch.tensor([len(e.ids) for e in examples]))
 
 
-def sample_rng(seed: int, step: int, index: int) -> torch.Generator:
+def expert_noise(expert, index: int, samples: int, device=None) -> torch.Tensor:
+    """The expert's starting noise (samples, W, A) for scene `index`: what expert.sample draws
+    from Generator().manual_seed(index) for one scene, drawn on the host (the same on any device)."""
+    g = torch.Generator().manual_seed(int(index))
+    return torch.randn((samples, expert.cfg.n_waypoints, expert.cfg.action_dim), generator=g).to(device)
+
+
+def sample_rng(seed: int, step: int, index: int, device=None) -> torch.Generator:
     """The generator of one scene's training randomness at one step (flow noise, time, cut).
     A function of (seed, step, scene index) only, so data-parallel shards and resumed runs draw
     exactly what one uninterrupted process draws."""
-    g = torch.Generator()
+    g = torch.Generator(device=device or "cpu")
     g.manual_seed((seed * 1_000_003 + step) * 1_000_033 + index)
     return g
 

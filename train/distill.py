@@ -43,7 +43,7 @@ def distill_loss(draft: Draft, teachers: list[Teacher], text_ids, cfg: DistillCo
     first = teachers[0].first
     if any(t.first != first for t in teachers):
         raise ValueError("all prompts of a batch must share one layout (one reasoning_start)")
-    ids, cos, sin, features, image_embeds = draft_inputs(teachers, draft, pad_id)
+    ids, cos, sin, features, image_embeds = draft_inputs(teachers, draft, pad_id, cfg.position_gap)
     passes = chain_forward(draft, ids, cos, sin, features, image_embeds, first, CHAIN_PASSES)
     losses, logs = [], {}
     for p, (logits, hidden, rows) in enumerate(passes):
@@ -85,6 +85,7 @@ def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, 
     torch.manual_seed(seed)
     vocab_n = 0 if d2t is None else len(d2t)
     draft = Draft(ckpt.draft_config(model_cfg, variant, vocab_n), target.embed_tokens, target.lm_head)
+    draft.to(target.embed_tokens.weight.device)
     text_ids = torch.from_numpy(np.flatnonzero(tok.text_mask()))
     if d2t is not None:
         draft.set_vocab(d2t)
@@ -99,7 +100,7 @@ def train_draft(variant: str, seed: int, cfg: DistillConfig, model_cfg, target, 
     def on_checkpoint(step):
         ckpt.save_draft(out / "ckpt", variant, model_cfg, draft,
                         {"stage": "distill", "step": step, "seed": seed, "target": cfg.target,
-                         "target_sha256": source, "scenes": len(teachers)})
+                         "target_sha256": source, "scenes": len(teachers), "position_gap": cfg.position_gap})
 
     loop.fit(run, {"draft": draft}, step_fn, dist.World(), on_checkpoint, {"config": to_dict(cfg)})
     (out / "done.json").write_text(json.dumps({"steps": run.steps}) + "\n")
@@ -110,12 +111,13 @@ def run(cfg: DistillConfig) -> list[Path]:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     tok, model_cfg, target, _ = io.load_planner(cfg.target)
+    target.to(loop.device(cfg.run.device))
     for p in target.parameters():
         p.requires_grad_(False)
     examples = data.load_examples(cfg.data, tok, model_cfg.target.vision)
     out = Path(cfg.run.out)
     source = ckpt.target_sha256(cfg.target)
-    cache = reasoning.cache_reasoning(out / "reasoning.safetensors", target, examples, tok,
+    cache = reasoning.cache_reasoning(cfg.reasoning_cache or out / "reasoning.safetensors", target, examples, tok,
                                       cfg.max_new_tokens, cfg.gen_batch, source)
     print("greedy reasoning:", reasoning.summary(cache, tok))
     with_r = [reasoning.with_reasoning(e, cache["tokens"][i][:int(cache["lengths"][i])].numpy(), tok)

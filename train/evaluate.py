@@ -27,7 +27,7 @@ from runtime.backend import load_backend
 from runtime.config import PlannerConfig, SpecConfig
 from runtime.planner import Planner
 from scenes import dataset
-from train import aarl, claims, config, data, metrics, reasoning
+from train import aarl, claims, config, data, loop, metrics, reasoning
 from train import claims_report
 from train.card import write_card
 from train.config import DataConfig, EvalConfig
@@ -41,18 +41,18 @@ def expert_ades(expert, target, teachers: list[Teacher], examples, samples: int 
     `samples` draws are averaged per trajectory, as the runtime's trajectory_samples does."""
     out = {"full": [], "half": [], "prefill": [], "const_vel": []}
     for t, e in zip(teachers, examples):
-        ids = torch.from_numpy(t.ids)[None]
+        dev = target.embed_tokens.weight.device
+        ids = torch.from_numpy(t.ids)[None].to(dev)
         cache = target.new_cache(1, len(t.ids))
         target(ids, *target.rope(torch.from_numpy(t.positions)[:, None]), cache, 0, *data.vision_embeds(target, e))
         half = t.first + (t.cot_end - t.first) // 2
         for name, n in (("full", t.cot_end + 1), ("prefill", t.first), ("half", half + 1)):
             if name == "half":    # a budget cut: the runtime forces <|cot_end|> after CoC[:half]
                 pos = torch.full((1, 1), half + e.rope_delta)
-                target(torch.tensor([[tok_cot_end(t)]]), *target.rope(pos), cache, half)
-            g = torch.Generator().manual_seed(int(e.index))
-            wp, _ = expert.sample(cache, n, torch.tensor([e.v0]), rope_delta=e.rope_delta, generator=g,
-                                  samples=samples)
-            out[name].append(metrics.ade(wp[0].numpy(), e.future))
+                target(torch.tensor([[tok_cot_end(t)]], device=dev), *target.rope(pos), cache, half)
+            wp, _ = expert.sample(cache, n, torch.tensor([e.v0], device=dev), rope_delta=e.rope_delta,
+                                  noise=data.expert_noise(expert, e.index, samples, dev), samples=samples)
+            out[name].append(metrics.ade(wp[0].cpu().numpy(), e.future))
         out["const_vel"].append(metrics.ade(metrics.constant_velocity(e.v0), e.future))
     return {k: float(np.mean(v)) for k, v in out.items()}
 
@@ -67,13 +67,15 @@ FREE_K = 16                      # the free-running accepted length is measured 
 
 
 @torch.no_grad()
-def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: list[int], families=None) -> dict:
+def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: list[int], families=None,
+                  gap: int = 0) -> dict:
     """Greedy tau at k (all, routine, commitment steps) and at TAU_KS; per-token acceptance alpha
     (the draft's next token equals the target's after the exact prefix) over routine and
     commitment tokens and per family; the free-running accepted length (drafted tokens accepted
     per step when k does not stop the draft, capped at FREE_K, with the share of steps that hit
-    the cap); attention mass on history / vision keys."""
-    text = torch.from_numpy(tok.text_mask())
+    the cap); attention mass on history / vision keys. `gap`: the draft's positions as it was
+    distilled with them (train.teachers, DistillConfig.position_gap)."""
+    text = torch.from_numpy(tok.text_mask()).to(draft.norm.weight.device)
     K = max(k, FREE_K, *TAU_KS)
     tot = {"all": [0, 0], "routine": [0, 0], "commitment": [0, 0]}
     at_k = {kk: [0, 0] for kk in TAU_KS}
@@ -82,7 +84,7 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
     mass = {kind: [] for kind in KEY_KINDS}
     for b0 in range(0, len(teachers), 8):
         chunk = teachers[b0:b0 + 8]
-        ids, cos, sin, features, image_embeds = draft_inputs(chunk, draft, tok.pad)
+        ids, cos, sin, features, image_embeds = draft_inputs(chunk, draft, tok.pad, gap)
         first = chunk[0].first
         passes = chain_forward(draft, ids, cos, sin, features, image_embeds, first, K)
         for b, t in enumerate(chunk):
@@ -91,7 +93,7 @@ def draft_numbers(draft, teachers: list[Teacher], tok, k: int, routine_ends: lis
                 logits, _, rows = passes[min(p, len(passes) - 1)]
                 pred = draft.to_target(logits[b]).masked_fill(~text, float("-inf")).argmax(-1)   # a reduced head: its rows
                 nxt = ids[b, rows[0] + 1:].tolist() + [-1]
-                acc[p, rows[0] - p:rows[0] - p + len(rows)] = pred.numpy() == np.array(nxt[:len(rows)])
+                acc[p, rows[0] - p:rows[0] - p + len(rows)] = pred.cpu().numpy() == np.array(nxt[:len(rows)])
             r_end = routine_ends[b0 + b]
             n, f, parts = metrics.greedy_tau(acc[:k], t.first, t.cot_end, k, r_end)
             rec = {"n": n, "f": f, "cut": [metrics.emitted_within(acc[:k], t.first, t.cot_end, k, p)
@@ -254,7 +256,10 @@ def run(cfg: EvalConfig) -> str:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     tok, model_cfg, target, expert = io.load_planner(cfg.planner)
-    drafts = {name: io.load_draft(_draft_path(cfg.planner, name), model_cfg, target)[1] for name in cfg.drafts
+    dev = loop.device(cfg.device)
+    target.to(dev)
+    expert.to(dev)
+    drafts = {name: io.load_draft(_draft_path(cfg.planner, name), model_cfg, target)[1].to(dev) for name in cfg.drafts
               if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
     from prompt.stamp import results_stamp
 

@@ -19,8 +19,16 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from prompt.config import ConfigError
 from train import dist, state
 from train.config import RunConfig
+
+
+def device(name: str) -> torch.device:
+    """A stage's device: "cpu", or "cuda" (the first visible GPU), refused where torch sees none."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda': torch sees no CUDA GPU on this machine; use device cpu")
+    return torch.device(name)
 
 
 def lr_at(step: int, run: RunConfig) -> float:

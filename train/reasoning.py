@@ -42,15 +42,16 @@ def greedy_reasoning(target, examples: list, tok, max_new: int) -> tuple[torch.T
     when the budget ran out first)."""
     ids, pos, delta, pixels, grid = prompt_batch(examples, target.cfg.vision)
     B, T0 = ids.shape
-    embeds, deepstack = target.encode_images(pixels, grid)
+    dev = target.embed_tokens.weight.device
+    embeds, deepstack = target.encode_images(pixels.to(dev), grid)
     cache = target.new_cache(B, T0 + max_new)
-    logits, _ = target(ids, *target.rope(pos), cache, 0, embeds, deepstack)
-    banned = torch.from_numpy(tok.traj_mask())
+    logits, _ = target(ids.to(dev), *target.rope(pos), cache, 0, embeds, deepstack)
+    banned = torch.from_numpy(tok.traj_mask()).to(dev)
     out = torch.full((B, max_new), tok.pad, dtype=torch.long)
     done = torch.zeros(B, dtype=torch.bool)
     lengths = torch.full((B,), max_new, dtype=torch.long)
     for i in range(max_new):
-        nxt = logits[:, -1].masked_fill(banned, float("-inf")).argmax(-1)
+        nxt = logits[:, -1].masked_fill(banned, float("-inf")).argmax(-1).cpu()
         nxt = torch.where(done, torch.full_like(nxt, tok.pad), nxt)
         out[:, i] = nxt
         ended = (nxt == tok.cot_end) & ~done
@@ -60,7 +61,7 @@ def greedy_reasoning(target, examples: list, tok, max_new: int) -> tuple[torch.T
             break
         row = T0 + i                                    # cache row of the token just chosen
         p = (row + delta).view(1, B, 1).expand(3, B, 1)
-        logits, _ = target(nxt[:, None], *target.rope(p), cache, row)
+        logits, _ = target(nxt[:, None].to(dev), *target.rope(p), cache, row)
     return out, lengths
 
 

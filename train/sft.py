@@ -52,8 +52,8 @@ def per_scene_mean(values: torch.Tensor, rows: torch.Tensor, B: int, weights=Non
     """values (N,) belonging to scenes rows (N,) -> mean over scenes of each scene's
     (weighted) mean: sum_i w_i v_i / sum_i w_i per scene."""
     w = torch.ones_like(values) if weights is None else weights
-    sums = torch.zeros(B, dtype=values.dtype).index_add(0, rows, values * w)
-    counts = torch.zeros(B, dtype=values.dtype).index_add(0, rows, w)
+    sums = torch.zeros(B, dtype=values.dtype, device=values.device).index_add(0, rows, values * w)
+    counts = torch.zeros(B, dtype=values.dtype, device=values.device).index_add(0, rows, w)
     return (sums / counts.clamp(min=1e-9)).mean()
 
 
@@ -96,7 +96,7 @@ def expert_loss(expert: ActionExpert, kv: torch.Tensor, lengths: torch.Tensor, b
     (one call per scene: the expert takes one cache length per call)."""
     losses = []
     for b in range(kv.shape[2]):
-        g = data.sample_rng(seed, step, int(batch.index[b]) * 16 + 8 + salt)
+        g = data.sample_rng(seed, step, int(batch.index[b]) * 16 + 8 + salt, kv.device)
         losses.append(expert.loss(batch.actions[b:b + 1], kv[:, :, b:b + 1], int(lengths[b]),
                                   rope_delta=int(batch.rope_delta[b]), generator=g))
     return torch.stack(losses).mean()
@@ -110,7 +110,7 @@ def sft_step(target: Target, expert: ActionExpert, batch: data.Batch, cfg: SFTCo
     embeds, deepstack = target.encode_images(batch.pixels, batch.grid_thw)
     cos, sin = target.rope(batch.positions)
     # one buffer per layer (not one tensor): autograd then sees each layer's writes separately
-    cache = [torch.zeros(2, B, llm.kv_heads, T, llm.head_dim) for _ in range(llm.layers)]
+    cache = [torch.zeros(2, B, llm.kv_heads, T, llm.head_dim, device=batch.ids.device) for _ in range(llm.layers)]
     logits, _ = target(batch.ids, cos, sin, cache, 0, embeds, deepstack)
     losses = token_losses(logits, batch, traj_mask, cfg.commitment_weight)
     kv = torch.stack(cache if cfg.expert_grad_to_target else [c.detach() for c in cache])
@@ -166,13 +166,16 @@ def run(cfg: SFTConfig) -> Path:
         load_into_target(target, cfg.init_vision)
     examples, keys = data.load_examples(cfg.data, tok, model_cfg.target.vision, keys=True)
     set_action_normalization(expert, examples)
-    traj_mask = torch.from_numpy(tok.traj_mask())
+    dev = loop.device(cfg.run.device)
+    target.to(dev)
+    expert.to(dev)
+    traj_mask = torch.from_numpy(tok.traj_mask()).to(dev)
     weights = data.balance_weights(keys, cfg.data.balance)
 
     def step_fn(step):
         idx = data.batch_indices(len(examples), cfg.run.batch_size, step, cfg.run.seed, world.rank, world.size,
                                  weights)
-        batch = data.collate([examples[i] for i in idx], tok.pad, model_cfg.target.vision)
+        batch = data.collate([examples[i] for i in idx], tok.pad, model_cfg.target.vision).to(dev)
         return sft_step(target, expert, batch, cfg, traj_mask, step)
 
     manifest = hashlib.sha256((Path(cfg.data.dir) / "manifest.json").read_bytes()).hexdigest()

@@ -5,7 +5,12 @@ distillation (train.distill) and evaluation (train.evaluate).
     Teacher           ids, positions, first/cot_end rows, image embeds, fused features,
                       target logits and top hidden at the reasoning rows (fp16)
     build_teachers(target, examples, feature_layers, batch) -> [Teacher]
-    draft_inputs(teachers, draft, pad_id) -> ids, cos, sin, shifted features, image embeds
+    draft_inputs(teachers, draft, pad_id, gap=0) -> ids, cos, sin, shifted features, image embeds
+
+`gap` (the FlatRoPE dose-response): the draft's position ids of the reasoning rows move on by
+`gap` copies of the prompt's image region, as if that many more image blocks sat between the
+history and the reasoning: by the region's row count under FlatRoPE, by its M-RoPE span under
+M-RoPE (`image_span`). The target, its features and every token stay as they are.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ def build_teachers(target, examples: list, feature_layers: tuple, batch: int) ->
     out, last = [], target.cfg.llm.layers - 1
     for s in range(0, len(examples), batch):
         chunk = examples[s:s + batch]
-        b = data.collate(chunk, 0, target.cfg.vision)
+        b = data.collate(chunk, 0, target.cfg.vision).to(target.embed_tokens.weight.device)
         embeds, deep = target.encode_images(b.pixels, b.grid_thw)
         logits, hid = target(b.ids, *target.rope(b.positions), None, 0, embeds, deep,
                              hidden_layers=(*feature_layers, last))
@@ -49,20 +54,36 @@ def build_teachers(target, examples: list, feature_layers: tuple, batch: int) ->
     return out
 
 
-def draft_inputs(teachers: list[Teacher], draft: Draft, pad_id: int):
-    """Right-padded ids (B, T), cos/sin of the draft's rope, shifted features, image embeds."""
+def image_span(t: Teacher, image_token_id: int) -> tuple[int, int]:
+    """(rows, M-RoPE span) of the prompt's image region: from the first <|vision_start|> (the row
+    before the first image pad) to the row after the last <|vision_end|>."""
+    pads = np.flatnonzero(t.ids == image_token_id)
+    if pads.size == 0:
+        raise ValueError("a position gap needs image tokens in the prompt; this one has none")
+    s, e = int(pads[0]) - 1, int(pads[-1]) + 2
+    return e - s, int(t.positions[0, e] - t.positions[0, s])
+
+
+def draft_inputs(teachers: list[Teacher], draft: Draft, pad_id: int, gap: int = 0):
+    """Right-padded ids (B, T), cos/sin of the draft's rope, shifted features, image embeds;
+    `gap` image regions' worth of positions before the reasoning rows (module docstring)."""
     B, T = len(teachers), max(len(t.ids) for t in teachers)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     mpos = torch.zeros(3, B, T, dtype=torch.long)
+    flat = torch.from_numpy(flat_position_ids(T))[None].repeat(B, 1)
     feats = torch.zeros(B, T, teachers[0].feats.shape[-1])
     for b, t in enumerate(teachers):
         n = len(t.ids)
         ids[b, :n] = torch.from_numpy(t.ids)
         mpos[:, b, :n] = torch.from_numpy(t.positions)
         mpos[:, b, n:] = mpos[:, b, n - 1:n] + torch.arange(1, T - n + 1)
+        if gap:
+            rows, span = image_span(t, draft.image_token_id)
+            flat[b, t.first:] += gap * rows
+            mpos[:, b, t.first:] += gap * span
         feats[b, :n] = t.feats.float()
-    flat = torch.from_numpy(flat_position_ids(T))[None].expand(B, T)
     cos, sin = draft.rope(flat if draft.cfg.rope == "flat" else mpos)
     image_embeds = torch.cat([t.image_embeds.float() for t in teachers])
-    features = shift_features(feats) if draft.cfg.features == "fused" else None
-    return ids, cos, sin, features, image_embeds
+    dev = draft.norm.weight.device
+    features = shift_features(feats.to(dev)) if draft.cfg.features == "fused" else None
+    return ids.to(dev), cos, sin, features, image_embeds

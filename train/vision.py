@@ -133,6 +133,8 @@ def load_into_target(target, path) -> None:
 
 def run(cfg: VisionStageConfig) -> Path:
     """Pretrain the tower; writes RUN/vision.safetensors and RUN/val.json."""
+    if cfg.run.device != "cpu":
+        raise ConfigError(f"run.device={cfg.run.device!r}: the vision stage runs on the cpu only")
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     world = dist.init()

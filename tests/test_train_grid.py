@@ -1,0 +1,153 @@
+"""Grids that build up across sessions (train.grid): cells named from their axes, finished cells
+skipped, a failed cell leaves nothing in the results folder, another target's result is run
+again, the budget stops before a cell it cannot fit; the dose-response's position gap."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from prompt.config import ConfigError
+from train import ckpt, grid
+
+PLANNER = "checkpoints/tiny"
+
+
+def _grid(tmp_path, **kw) -> grid.GridConfig:
+    spec = {"name": "g", "stage": "aarl", "base": "configs/train/aarl.yaml", "planner": PLANNER,
+            "set": ("draft=checkpoints/tiny/draft-flat",),
+            "groups": {"a": {"axes": {"run.lr": [1e-5, 2e-5], "run.seed": [0, 1]}},
+                       "ctl": {"set": ["kl_coef=0.0"], "axes": {"run.seed": [0]}}},
+            "results": str(tmp_path / "results"), "work": str(tmp_path / "work")}
+    return grid.GridConfig(**{**spec, **kw})
+
+
+def _doubles(tmp_path, calls: list, fail: str = ""):
+    def train(stage, cfg):
+        name = cfg.run.out.split("/")[-1]
+        calls.append(name)
+        if name == fail:
+            raise RuntimeError("the cell's training failed")
+        draft = tmp_path / "trained" / name / "draft-flat-aarl"
+        draft.mkdir(parents=True, exist_ok=True)
+        (draft / "draft.safetensors").write_bytes(b"weights of " + name.encode())
+        (draft / "meta.json").write_text("{}")
+        return draft, cfg.draft
+
+    def score(g, cfg, draft, init):
+        return {"lr": cfg.run.lr, "seed": cfg.run.seed, "kl_coef": cfg.kl_coef}
+    return train, score
+
+
+def test_cells_are_the_product_of_each_groups_axes_with_the_settings_in_their_names(tmp_path):
+    g = _grid(tmp_path)
+    got = grid.cells(g)
+    assert [c.name for c in got] == ["a-lr1e-05-seed0", "a-lr1e-05-seed1", "a-lr2e-05-seed0", "a-lr2e-05-seed1",
+                                     "ctl-seed0"]
+    assert got[-1].overrides == ("draft=checkpoints/tiny/draft-flat", "kl_coef=0.0", "run.seed=0")
+    assert got[2].overrides[1] == "run.lr=2.0e-05"
+    cfg = grid.stage_config(g, got[2])
+    assert (cfg.run.lr, cfg.run.seed, cfg.target) == (2e-5, 0, PLANNER)
+    assert cfg.run.out == str(tmp_path / "work" / "g" / "a-lr2e-05-seed0")
+    with pytest.raises(ConfigError, match="share a name"):
+        grid.cells(_grid(tmp_path, groups={"a": {"axes": {"run.seed": [0, 0]}}}))
+    with pytest.raises(ConfigError, match="groups.a"):
+        _grid(tmp_path, groups={"a": {"axis": {"run.seed": [0]}}})
+
+
+def test_a_grid_runs_over_calls_skips_finished_cells_and_commits_only_finished_ones(tmp_path):
+    calls = []
+    train, score = _doubles(tmp_path, calls, fail="a-lr2e-05-seed0")
+    g = _grid(tmp_path, max_cells=2)
+    assert "2 cells run now, 2/5" in grid.run(g, train, score)
+    assert calls == ["a-lr1e-05-seed0", "a-lr1e-05-seed1"]
+    with pytest.raises(RuntimeError):
+        grid.run(g, train, score)             # the third cell fails in training
+    root = tmp_path / "results" / "g"
+    assert sorted(p.name for p in root.iterdir()) == ["a-lr1e-05-seed0", "a-lr1e-05-seed1"]   # no partial cell
+    m = json.loads((root / "a-lr1e-05-seed1" / "metrics.json").read_text())
+    assert m["target_sha256"] == ckpt.target_sha256(PLANNER) and m["stamp"]["fingerprint"]
+    assert m["scores"] == {"lr": 1e-5, "seed": 1, "kl_coef": 0.1}
+    assert (root / "a-lr1e-05-seed1" / "draft-flat-aarl" / "draft.safetensors").read_bytes() == b"weights of a-lr1e-05-seed1"
+    calls.clear()
+    train, score = _doubles(tmp_path / "second", calls)
+    assert "3 cells run now, 5/5" in grid.run(_grid(tmp_path), train, score)
+    assert calls == ["a-lr2e-05-seed0", "a-lr2e-05-seed1", "ctl-seed0"]
+    calls.clear()
+    assert grid.run(_grid(tmp_path), train, score) == "grid g: 5/5 cells finished" and calls == []
+
+
+def test_a_result_of_another_target_settings_or_format_is_run_again(tmp_path):
+    calls = []
+    train, score = _doubles(tmp_path, calls)
+    grid.run(_grid(tmp_path), train, score)
+    f = tmp_path / "results" / "g" / "ctl-seed0" / "metrics.json"
+    m = json.loads(f.read_text())
+    f.write_text(json.dumps({**m, "target_sha256": "0" * 64}))
+    moved = _grid(tmp_path, groups={"a": {"axes": {"run.lr": [1e-5, 2e-5], "run.seed": [0, 1]}},
+                                    "ctl": {"set": ["kl_coef=0.01"], "axes": {"run.seed": [0]}}})
+    calls.clear()
+    train, score = _doubles(tmp_path / "again", calls)
+    grid.run(_grid(tmp_path), train, score)               # another target's result: run again
+    grid.run(moved, train, score)                         # the same cell name with other settings
+    assert calls == ["ctl-seed0", "ctl-seed0"]
+    assert json.loads(f.read_text())["scores"]["kl_coef"] == 0.01
+    g = tmp_path / "results" / "g" / "a-lr1e-05-seed0" / "metrics.json"
+    g.write_text(json.dumps({**json.loads(g.read_text()), "format": grid.FORMAT - 1}))
+    grid.run(moved, train, score)                         # a result of an older format
+    assert calls[-1] == "a-lr1e-05-seed0" and len(calls) == 3
+
+
+def test_the_budget_starts_no_cell_the_mean_cell_time_says_would_overrun(tmp_path):
+    calls = []
+    train, score = _doubles(tmp_path, calls)
+    grid.run(_grid(tmp_path, max_cells=1), train, score)
+    f = tmp_path / "results" / "g" / "a-lr1e-05-seed0" / "metrics.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), "wall_s": 3600.0}))
+    calls.clear()
+    assert "0 cells run now, 1/5" in grid.run(_grid(tmp_path, budget_min=30.0), train, score)
+    assert calls == []
+    grid.run(_grid(tmp_path, budget_min=90.0, max_cells=1), train, score)
+    assert calls == ["a-lr1e-05-seed1"]
+
+
+def test_the_position_gap_moves_only_the_reasoning_rows_by_image_regions():
+    from models import io
+    from train.teachers import Teacher, draft_inputs, image_span
+    from train_inputs import examples
+
+    tok, mcfg, target, _ = io.load_planner(PLANNER)
+    _, flat, _ = io.load_draft(f"{PLANNER}/draft-flat", mcfg, target)
+    _, mrope, _ = io.load_draft(f"{PLANNER}/draft-mrope", mcfg, target)
+    ex = examples(1, tok, mcfg.target.vision)[0]
+    T = len(ex.ids)
+    t = Teacher(ex.ids, ex.positions, ex.reasoning_start, ex.cot_end, torch.zeros(0, 1), torch.zeros(T, 3 * 128),
+                None, None)
+    rows, span = image_span(t, mcfg.target.image_token_id)
+    pads = np.flatnonzero(ex.ids == mcfg.target.image_token_id)
+    assert rows == pads[-1] - pads[0] + 3 and 0 < span < rows
+    for draft in (flat, mrope):
+        seen = {}
+        for gap in (0, 2):
+            with torch.no_grad():
+                _, cos, _, _, _ = draft_inputs([t], draft, tok.pad, gap)
+            seen[gap] = cos
+        f = t.first
+        assert torch.equal(seen[0][:, :f], seen[2][:, :f])
+        assert not torch.allclose(seen[0][:, f:], seen[2][:, f:])
+        want_shift = 2 * (rows if draft.cfg.rope == "flat" else span)
+        pos = torch.arange(T)[None] if draft.cfg.rope == "flat" else torch.from_numpy(ex.positions)[:, None]
+        moved = pos.clone()
+        moved[..., f:] += want_shift
+        assert torch.allclose(seen[2], draft.rope(moved)[0], atol=1e-6)
+
+
+def test_the_leading_run_reward_scores_what_one_verify_pass_accepts():
+    from train.aarl import accept_score
+    from train.config import AARLConfig
+
+    match = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    assert accept_score(match, AARLConfig()) == 0.75
+    assert accept_score(match, AARLConfig(accept_on="leading")) == 0.5
+    with pytest.raises(ConfigError, match="accept_on"):
+        AARLConfig(accept_on="prefix")
