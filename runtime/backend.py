@@ -192,6 +192,17 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release engine resources (streams, graphs, sessions)."""
 
+    def raw_costs(self, widths, ks) -> dict | None:
+        """Each call kind's floor: {"verify": {width: ms}, "draft": {k: ms}} of calls back to back
+        with no loop around them (the bench's in-loop times are set beside it); None: not measured
+        on this backend."""
+        return None
+
+    @property
+    def host_reads(self) -> int | None:
+        """Device-to-host reads so far (each a host sync on a GPU), where the backend counts them."""
+        return None
+
     def greedy_step(self, tokens, start: int, draft_tokens, draft_start: int, k: int, proposal, clock):
         """One exact greedy step on the device (backends with device_greedy): feed `draft_tokens`
         at `draft_start` and chain k proposals (or take `proposal`, (k,) host ids), verify `tokens`

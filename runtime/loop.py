@@ -218,6 +218,7 @@ def run_step(backend, state: DecodeState, rule, policy, step, stops: set, clock,
              observer=None):
     """Run one step: draft (or take the lookup's tokens), verify, accept, then the one tail that
     moves the state and hands the record on. Returns the StepRecord."""
+    reads, t0 = backend.host_reads, clock()
     if isinstance(step, TreeStep):
         rec, keep = _tree(backend, state, step, clock)
     elif rule.exact_greedy and rule.readout == "argmax" and backend.device_greedy:
@@ -225,6 +226,8 @@ def run_step(backend, state: DecodeState, rule, policy, step, stops: set, clock,
     else:
         rec, keep = _chain(backend, state, rule, step, clock)
     t2 = clock()
+    rec.wall_ms = t2 - t0
+    rec.syncs = None if reads is None else backend.host_reads - reads
     _tail(backend, state, rec, keep, stops, stats)
     policy.record(rec)
     if observer is not None:

@@ -90,6 +90,9 @@ class StepRecord:
     nodes: int = 0          # a token tree's drafted nodes (0: a chain)
     chain: tuple = ()       # a tree step: (k, n) of its greedy line (runtime.tree.greedy_run)
     path: str = "host"      # "device": the backend's device-resident greedy step ran it
+    syncs: int | None = None    # the backend's device-to-host reads in the step (None: not counted)
+    wall_ms: float = 0.0    # the step's host time, call to accepted tokens (draft_ms and verify_ms
+                            # are device times on the device path: the rest is the host's)
 
     @property
     def source(self) -> str:

@@ -150,3 +150,59 @@ def test_every_host_read_of_the_torch_backend_goes_through_its_link():
     src = inspect.getsource(tb) + inspect.getsource(torch_step).split("class StepTimer")[1]
     for needle in (".cpu()", ".item()", ".tolist()", ".numpy()"):
         assert needle not in src, needle
+
+
+def test_the_bench_reports_each_steps_path_syncs_and_calls_against_their_floor():
+    from bench.speedup.measure import host_terms, in_loop_vs_raw
+    dev, host = backend("noised"), backend("noised", device_greedy=False)
+    for be, path, syncs in ((dev, "device", 1.0), (host, "host", 5.0)):
+        recs = []
+        generate(be, prompts(1, 4)[0], GreedyRule(), FixedK(4), max_new=40, observer=recs.append)
+        full = [r for r in recs if r.k == 4]
+        terms = host_terms(full)
+        assert terms["paths"] == {path: len(full)} and terms["syncs_per_step"] == syncs
+        assert 0.0 <= terms["host_share"] < 1.0 and terms["step_wall_ms"] >= terms["step_calls_ms"]
+        calls = in_loop_vs_raw(be, full)
+        assert set(calls["verify"]) == {"5"} and set(calls["draft"]) == {"4"}
+        assert calls["verify"]["5"]["raw_ms"] > 0 and calls["draft"]["4"]["raw_ms"] > 0
+
+
+def test_kernel_busy_takes_the_union_of_kernel_intervals():
+    from bench.profiling.command import kernel_busy
+    events = [{"cat": "kernel", "ts": 0, "dur": 100}, {"cat": "kernel", "ts": 50, "dur": 100},
+              {"cat": "cpu_op", "ts": 0, "dur": 1000}, {"cat": "kernel", "ts": 300, "dur": 100}]
+    assert kernel_busy(events) == {"kernels": 3, "busy_ms": 0.25, "busy_share": 0.625}
+    assert kernel_busy([])["kernels"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs, sync debug mode)")
+def test_on_cuda_the_graphed_device_step_equals_eager_and_syncs_once():
+    """CUDA graphs, the device path: the host path's tokens (eager), and nothing synchronizes in a
+    greedy step under torch.cuda.set_sync_debug_mode('error') but the link's one copy back."""
+    cfg = tiny_config()
+    target, expert, routine = build(cfg)
+    for kind, draft in (("self", noised_copy(target, 0.05, 1)), ("routine", routine)):
+        eager = TorchBackend(cfg, target, expert, draft, kind, device="cuda", max_len=160, eager=True)
+        eager.device_greedy = False
+        graphs = TorchBackend(cfg, target, expert, draft, kind, device="cuda", max_len=160, eager=False, k_max=8)
+        down = graphs.link.down
+
+        def one_sync(x):
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                return down(x)
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+        graphs.link.down = one_sync
+        for i, prompt in enumerate(prompts(8, 5)):
+            for k in (1, 4, 8):
+                a, _, _ = generate(eager, prompt, GreedyRule(), FixedK(k), max_new=20)
+                state = DecodeState.after_prefill(prompt, int(graphs.prefill(_inputs(prompt), "argmax")[0]))
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    decode(graphs, state, GreedyRule(), FixedK(k), limit=len(prompt) + 20)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+                assert state.seq[len(prompt):] == a, (kind, i, k)

@@ -37,7 +37,7 @@ from prompt.config import ConfigError
 from prompt.graphs import SHAPES
 from prompt.pixels import images_to_patches
 from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise, image_rows
-from runtime.backends.torch_step import DeviceStep, HostLink
+from runtime.backends.torch_step import DeviceStep, HostLink, raw_costs
 from runtime.config import K_MAX_LIMIT
 from runtime.tree import TreeBuilder
 
@@ -262,6 +262,13 @@ class TorchBackend(Backend):
         if self.graphs is not None:
             return self.graphs.target(ids, start)
         return self._verify(ids, *self._text_rope(start, ids.shape[1]), start)
+
+    def raw_costs(self, widths, ks) -> dict:
+        return raw_costs(self, widths, ks)
+
+    @property
+    def host_reads(self) -> int:
+        return self.link.reads
 
     def greedy_step(self, tokens, start: int, draft_tokens, draft_start: int, k: int, proposal, clock):
         """runtime/torch_step.py: the greedy step on the device, one read back."""

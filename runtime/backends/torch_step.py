@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from prompt.config import ConfigError
 from runtime.backend import GreedyOutcome
 
 STAGING = 4        # host arrays one step sends up: pending, the draft's feed, a lookup proposal
@@ -116,13 +117,12 @@ class DeviceStep:
         return GreedyOutcome(host[2:].copy(), int(host[0]), int(host[1]), draft_ms, verify_ms)
 
     def chain(self, tokens, start: int, k: int) -> None:
-        """Feed `tokens` at draft row `start`, then k chain steps, each step's masked arg-max written
-        into drafted[i] and fed from there."""
+        """Feed `tokens` (host ids, or a device tensor) at draft row `start`, then k chain steps,
+        each step's masked arg-max written into drafted[i] and fed from there."""
         be = self.be
         if be.draft_kind == "none":
-            from prompt.config import ConfigError
             raise ConfigError("this backend has no draft (--draft none): use k = 0")
-        ids = be.link.up(tokens)[None]
+        ids = (tokens if isinstance(tokens, torch.Tensor) else be.link.up(tokens))[None]
         be.check_rows(start, ids.shape[1] + k - 1)
         feat = be.feed_features(start, ids.shape[1])
         for i in range(k):
@@ -153,3 +153,38 @@ class DeviceStep:
         n = logits.shape[0]
         rows = (self.rows[:n] + (index0 - be.mask_first)) % len(be.allowed)
         return logits.float().masked_fill(~be.allowed_dev[rows], float("-inf"))
+
+
+@torch.no_grad()
+def raw_costs(be, widths, ks, repeats: int = 20) -> dict:
+    """The floor of each call kind on this backend: `repeats` calls back to back, one wait at the
+    end, no loop around them -> {"verify": {w: ms}, "draft": {k: ms}} (a draft call: a feed of one
+    token and k chain steps). The bench sets them beside the same calls' times inside the loop:
+    the difference is what the loop's host work costs. Writes cache rows from 0 (call it between
+    cycles: the next prefill rewrites them)."""
+    ids = {w: torch.zeros(1, w, dtype=torch.long, device=be.device) for w in widths}
+    one = torch.zeros(1, dtype=torch.long, device=be.device)
+    out = {"verify": {}, "draft": {}}
+    for w in widths:
+        out["verify"][w] = _timed(be, lambda w=w: be.target_pass(ids[w], 0), repeats)
+    if be.draft_kind != "none":
+        for k in ks:
+            out["draft"][k] = _timed(be, lambda k=k: be.device_step.chain(one, 1, k), repeats)
+    return out
+
+
+def _timed(be, call, repeats: int) -> float:
+    call()                                   # a first call (a graph captured at warm-up is replayed)
+    if be.device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / repeats
+    import time
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - t0) * 1e3 / repeats
