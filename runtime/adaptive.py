@@ -23,8 +23,9 @@ import bisect
 
 import numpy as np
 
-from runtime.budget import CostModel, draft_key, overhead_key, tree_key
+from runtime.budget import CostModel, draft_key, overhead_key, tree_key, verify_key
 from runtime.config import K_MAX_LIMIT
+from runtime.step import Chain, Lookup, Step, StepRecord, TreeStep, lookup_or_plain
 
 
 AT_EDGES = (8, 16, 32)     # a step's offset in its phase (tokens emitted before it): 4 life tables
@@ -151,50 +152,63 @@ def chain_choice(rate: "AcceptanceRate | float", costs: CostModel, k_max: int, p
 
 class StepPolicy:
     """Policy for runtime.loop.decode: fixed k, or adaptive k from the acceptance rate and the
-    measured costs; `cap(k, pending) -> k' | None` (the latency budget) may shorten a step or
-    end the phase. Every step's costs are recorded, whatever chose k."""
+    measured costs. `plan` returns the step (runtime.step) the policy wants; the latency budget
+    fits it in decode (runtime.budget.CycleBudget.fit). Every step's record is learnt from,
+    whatever chose it."""
 
-    def __init__(self, costs: CostModel, k: int, adaptive: bool, k_max: int, cap=None,
+    def __init__(self, costs: CostModel, k: int, adaptive: bool, k_max: int,
                  rate: AcceptanceRate | None = None, free_rate: AcceptanceRate | None = None,
-                 tree=None, cap_tree=None, tree_tau: "TreeTau | None" = None):
-        self.costs, self.k, self.adaptive, self.k_max, self.cap = costs, k, adaptive, k_max, cap
+                 tree=None, tree_tau: "TreeTau | None" = None):
+        self.costs, self.k, self.adaptive, self.k_max = costs, k, adaptive, k_max
         self.rate = rate or AcceptanceRate()
         self.free_rate = free_rate or AcceptanceRate()     # of lookup proposals (no draft cost)
-        # tree: a runtime.tree.TreeShape (token trees for the greedy rule), None: chains only;
-        # cap_tree(shape, pending) -> shape | None (the budget's check of the whole tree)
-        self.tree, self.cap_tree = tree, cap_tree
+        # tree: a runtime.tree.TreeShape (token trees for the greedy rule), None: chains only
+        self.tree = tree
         self.tree_tau = tree_tau or TreeTau()
         self.at = 0        # tokens this phase's steps have emitted: the next step's offset
-        self._chain_k = None   # the chain tree_wins chose for this step (next_k reuses it)
+        self._chain_k = None   # the chain tree_wins chose for this step (plan reuses it)
 
-    def next_k(self, pending: int, free: bool = False, trees: bool = False):
-        """free: a lookup proposal waits: k by its own acceptance rate at no draft cost (fixed-k
-        modes keep their k; plain decoding, k = 0, takes the adaptive choice), and the budget
-        caps it by the verify pass alone. trees: the step may be self.tree (a TreeShape is then
-        returned): fixed, or, adaptive, when its measured tokens per ms beat the best chain's;
-        a tree the budget refuses becomes a chain the budget caps."""
+    def plan(self, pending: int, proposal=None, trees: bool = False) -> Step:
+        """The step wanted now. proposal: lookup tokens wait: as many as their own acceptance rate
+        pays for at no draft cost (fixed-k modes keep their k; plain decoding, k = 0, takes the
+        adaptive choice). trees: the step may be self.tree: fixed, or, adaptive, when its
+        measured tokens per ms beat the best chain's."""
         self._chain_k = None
-        if trees and self.tree is not None:
-            if not self.adaptive or self.tree_wins(pending):
-                shape = self.cap_tree(self.tree, pending) if self.cap_tree else self.tree
-                if shape is not None:
-                    return shape
-                k = min(self.tree.depth, self.k_max)
-                return self.cap(k, pending) if self.cap else k
-        if free:
+        if trees and self.tree is not None and (not self.adaptive or self.tree_wins(pending)):
+            return TreeStep(self.tree, min(self.tree.depth, self.k_max))
+        if proposal is not None and len(proposal):
             keep = self.k and not self.adaptive
             k = self.k if keep else best_k(self.free_rate, self.costs, self.k_max, pending, draft=False, at=self.at)
-            return self.cap(k, pending, free=True) if self.cap else k
+            return lookup_or_plain(proposal[:k])
         if self.adaptive:       # the chain tree_wins priced for this step, else priced now
-            k = self._chain_k or best_k(self.rate, self.costs, self.k_max, pending, at=self.at)
-        else:
-            k = self.k
-        return self.cap(k, pending) if self.cap else k
+            return Chain(self._chain_k or best_k(self.rate, self.costs, self.k_max, pending, at=self.at))
+        return Chain(self.k)
 
-    def observe_overhead(self, ms: float, shape=None) -> None:
+    def record(self, rec: StepRecord) -> None:
+        """A step's tokens to the acceptance tables, its calls to the cost model. A tree step: its
+        tokens and draft time to the tree's own record and its greedy line (what a chain of that
+        length would have had accepted) to the chain's table, so the chain is measured while the
+        tree is chosen; a lookup's to the lookup's own table, with no draft cost to learn."""
+        step = rec.step
+        if isinstance(step, TreeStep):
+            if rec.chain and rec.chain[0]:
+                self.rate.observe(*rec.chain, self.at)
+            self.tree_tau.observe(len(rec.emitted), self.at)
+            self.at += len(rec.emitted)
+            self.costs.observe(tree_key(step.shape), rec.draft_ms)
+        else:
+            lookup = isinstance(step, Lookup)
+            (self.free_rate if lookup else self.rate).observe(rec.k, rec.accepted, self.at)
+            self.at += rec.accepted + 1
+            if rec.k and not lookup:
+                self.costs.observe("draft", rec.draft_ms / rec.k)
+                self.costs.observe(draft_key(rec.k), rec.draft_ms)
+        self.costs.observe(verify_key(rec.width), rec.verify_ms)
+
+    def observe_overhead(self, ms: float, step: Step) -> None:
         """What a step cost besides its draft and verify calls (acceptance, cache bookkeeping), a
-        chain's or the tree `shape`'s: the choice and the budget price every step with it."""
-        self.costs.observe(overhead_key(shape), ms)
+        chain's or a tree's: the choice and the budget price every step with it."""
+        self.costs.observe(overhead_key(step.shape if isinstance(step, TreeStep) else None), ms)
 
     def observe_search(self, ms: float) -> None:
         """One lookup search took `ms` (the budget prices the next ones by it)."""
@@ -203,10 +217,10 @@ class StepPolicy:
     def tree_wins(self, pending: int) -> bool:
         """Adaptive: the tree's measured tokens per step over its cost (its measured draft time, the
         verify of its width) against the best chain's E(k) / C(k). The tree is taken until it has
-        been measured twice, then a chain until one has been measured; after that, where it loses, it is still taken now and then to keep its
-        measurement current: 8 tree-eligible steps after a win, and after each look that it lost
-        twice as long as before (16, 32, ... at most 256 steps), so a tree that does not pay on
-        this backend costs little."""
+        been measured twice, then a chain until one has been measured; after that, where it loses,
+        it is still taken now and then to keep its measurement current: 8 tree-eligible steps after
+        a win, and after each look that it lost twice as long as before (16, 32, ... at most 256
+        steps), so a tree that does not pay on this backend costs little."""
         tau = self.tree_tau
         tau.asked += 1
         if tau.steps < 2:
@@ -223,31 +237,6 @@ class StepPolicy:
             tau.next_look = tau.asked + 8 * 2 ** min(tau.lost, 5)
             return True
         return False
-
-    def observe_chain(self, k: int, n: int) -> None:
-        """A tree step's greedy line, k deep, of which the target accepted n (runtime.tree.greedy_run):
-        what a chain of k would have had accepted there, to the chain's life table (at this step's
-        offset: call before observe_tree). So the chain is measured while the tree is chosen."""
-        if k:
-            self.rate.observe(k, n, self.at)
-
-    def observe_tree(self, shape, n: int, emitted: int, draft_ms: float, verify_ms: float, width: int) -> None:
-        """A tree step: its tokens and draft time to the tree's own record, its verify pass to the
-        cost model (the budget's worst case of that width). The tree's accepted depth is not a
-        chain's run; observe_chain gives the chain's."""
-        self.tree_tau.observe(emitted, self.at)
-        self.at += emitted
-        self.costs.observe(tree_key(shape), draft_ms)
-        self.costs.observe(("verify", width), verify_ms)
-
-    def observe(self, k: int, n: int, draft_ms: float, verify_ms: float, width: int,
-                free: bool = False) -> None:
-        (self.free_rate if free else self.rate).observe(k, n, self.at)
-        self.at += n + 1
-        if k and not free:
-            self.costs.observe("draft", draft_ms / k)
-            self.costs.observe(draft_key(k), draft_ms)
-        self.costs.observe(("verify", width), verify_ms)
 
 
 class TreeTau:

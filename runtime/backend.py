@@ -101,6 +101,18 @@ def check_tokenizer(meta: EnginesMeta, tokenizer, folder) -> None:
                           f"(sha256 {str(meta.tokenizer_sha256)[:12]}...)")
 
 
+@dataclass(frozen=True)
+class GreedyOutcome:
+    """What a device-resident greedy step brings back to the host, in one copy: the k proposals,
+    how many were accepted, the target's token after them; and its calls' times (ms: CUDA events
+    read after that copy, or the host clock where the device is the host)."""
+    draft: np.ndarray
+    accepted: int
+    bonus: int
+    draft_ms: float
+    verify_ms: float
+
+
 @dataclass
 class PrefillInputs:
     ids: np.ndarray                 # (T,) int64 prompt ids, ending with <|cot_start|>
@@ -139,6 +151,9 @@ class Backend(abc.ABC):
     # tree_width: the widest verify pass a tree may use (None: the cache's rows)
     takes_trees = False
     tree_width: int | None = None
+    # device_greedy: greedy_step exists: a greedy chain or lookup step runs on the device (drafted
+    # tokens, the target's arg-max and the accepted length never leave it; one copy back a step)
+    device_greedy = False
     vocab_size: int
     max_len: int                    # cache capacity in tokens
 
@@ -176,6 +191,24 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release engine resources (streams, graphs, sessions)."""
+
+    def raw_costs(self, widths, ks) -> dict | None:
+        """Each call kind's floor: {"verify": {width: ms}, "draft": {k: ms}} of calls back to back
+        with no loop around them (the bench's in-loop times are set beside it); None: not measured
+        on this backend."""
+        return None
+
+    @property
+    def host_reads(self) -> int | None:
+        """Device-to-host reads so far (each a host sync on a GPU), where the backend counts them."""
+        return None
+
+    def greedy_step(self, tokens, start: int, draft_tokens, draft_start: int, k: int, proposal, clock):
+        """One exact greedy step on the device (backends with device_greedy): feed `draft_tokens`
+        at `draft_start` and chain k proposals (or take `proposal`, (k,) host ids), verify `tokens`
+        (pending) + the proposals at `start`, accept on the device -> GreedyOutcome. The loop's
+        host path (draft, verify, runtime.acceptance.accept_greedy) gives the same tokens."""
+        raise ConfigError(f"backend {self.name!r} has no device-resident greedy step")
 
     def vision_frames(self, images: np.ndarray) -> list:
         """Encode uint8 frames (n, H, W, 3), each on its own -> n opaque per-frame features, the

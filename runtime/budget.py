@@ -28,24 +28,35 @@ import numpy as np
 
 from runtime import trace
 from runtime.config import BudgetConfig
+from runtime.step import Chain, CostKey, Lookup, TreeStep, shorten
 
 MEASURED_STAGES = ("prompt", "vision", "prefill", "trajectory")
 
 
-def tree_key(shape) -> str:
-    """CostModel key of a token tree's whole draft: 'tree_draft:N,d,K'."""
-    return f"tree_draft:{shape}"
+def tree_key(shape) -> CostKey:
+    """CostModel key of a token tree's whole draft."""
+    return CostKey("tree_draft", shape)
 
 
-def draft_key(k: int) -> str:
-    """CostModel key of one draft call that proposes k tokens: 'draft_call:k'."""
-    return f"draft_call:{k}"
+def draft_key(k: int) -> CostKey:
+    """CostModel key of one draft call that proposes k tokens."""
+    return CostKey("draft_call", int(k))
 
 
-def overhead_key(shape=None) -> str:
+def verify_key(width: int) -> CostKey:
+    """CostModel key of a verify pass of `width` tokens."""
+    return CostKey("verify", int(width))
+
+
+def overhead_key(shape=None):
     """CostModel key of what a step costs besides its draft and verify calls (acceptance, cache
-    bookkeeping, the loop): 'overhead' for a chain step, 'overhead:N,d,K' for a tree's."""
-    return "overhead" if shape is None else f"overhead:{shape}"
+    bookkeeping, the loop): "overhead" for a chain step, ("overhead", shape) for a tree's."""
+    return "overhead" if shape is None else CostKey("overhead", shape)
+
+
+def _kind(key) -> str:
+    """A key's kind: a sized key's first field, or the plain name."""
+    return key[0] if isinstance(key, tuple) else key
 
 
 def wall_ms() -> float:
@@ -71,9 +82,10 @@ class FakeClock:
 class CostModel:
     """Per-op costs in ms: a running mean (for speed) and an ageing peak (for worst cases).
 
-    Keys: "draft" (one draft step: a call's time over its k, the budget's worst case per token),
-    draft_key(k) (a whole draft call of k tokens: the adaptive choice's draft_line), ("verify", width), "overhead" (a step's cost besides its
-    draft and verify calls; overhead_key), "vision", "prefill", "trajectory",
+    Keys (runtime.step.CostKey for the sized ones): "draft" (one draft step: a call's time over its
+    k, the budget's worst case per token), draft_key(k) (a whole draft call of k tokens: the
+    adaptive choice's draft_line), verify_key(width), tree_key(shape), "overhead" (a step's cost
+    besides its draft and verify calls; overhead_key), "vision", "prefill", "trajectory",
     "lookup" (one lookup search: with `searches`, every step's cost carries the search that
     precedes the next step, so the budget keeps room for it). Unmeasured verify widths are
     extrapolated linearly from the measured ones.
@@ -94,10 +106,8 @@ class CostModel:
         old = self.mean.get(key)
         self.mean[key] = ms if old is None else (1 - self.ema) * old + self.ema * ms
         self.peak[key] = max(self.peak.get(key, ms), ms)
-        if isinstance(key, tuple) and key[0] == "verify":
-            self._sums["verify"].add(key[1], ms)
-        elif isinstance(key, str) and key.startswith("draft_call:"):
-            self._sums["draft"].add(int(key[len("draft_call:"):]), ms)
+        if _kind(key) in ("verify", "draft_call"):
+            self._sums["verify" if _kind(key) == "verify" else "draft"].add(key[1], ms)
         self._fits.clear()
 
     def age(self) -> None:
@@ -114,19 +124,20 @@ class CostModel:
 
     def prior(self, key) -> float:
         c = self.cfg
-        if isinstance(key, tuple) and key[0] == "verify":
+        kind = _kind(key)
+        if kind == "verify":
             return c.prior_verify_ms + c.prior_verify_per_token_ms * (key[1] - 1)
-        if isinstance(key, str) and key.startswith("tree_draft:"):    # depth x a draft step
-            return int(key.split(",")[1]) * self.worst("draft")
-        if isinstance(key, str) and key.startswith("overhead"):       # until measured: none
-            return 0.0
+        if kind == "tree_draft":        # depth x a draft step
+            return key[1].depth * self.worst("draft")
+        if kind in ("overhead", "draft_call"):    # until measured: none; a call: k draft steps
+            return 0.0 if kind == "overhead" else key[1] * self.worst("draft")
         return {"draft": c.prior_draft_step_ms, "vision": c.prior_vision_ms, "prompt": c.prior_prompt_ms,
                 "prefill": c.prior_prefill_ms, "trajectory": c.prior_trajectory_ms, "lookup": c.prior_lookup_ms}[key]
 
     def expected(self, key) -> float:
         if key in self.mean:
             return self.mean[key]
-        if isinstance(key, tuple):
+        if _kind(key) == "verify":
             return self._extrapolate("mean", key[1]) or self.prior(key)
         return self.prior(key)
 
@@ -135,7 +146,7 @@ class CostModel:
         f = self.cfg.worst_case_factor
         if key in self.peak:
             return f * self.peak[key]
-        if isinstance(key, tuple):
+        if _kind(key) == "verify":
             guess = self._extrapolate("peak", key[1])
             return max(f * guess, self.prior(key)) if guess else self.prior(key)
         return self.prior(key)
@@ -144,7 +155,7 @@ class CostModel:
         """draft=False: a lookup proposal, no draft step (only the verify pass costs); with
         `searches` the next step's lookup search is part of this one's cost."""
         search = self.worst("lookup") if self.searches else 0.0
-        return k * self.worst("draft") * draft + self.worst(("verify", pending + k)) + search + self.worst("overhead")
+        return k * self.worst("draft") * draft + self.worst(verify_key(pending + k)) + search + self.worst("overhead")
 
     def step_expected(self, k: int, pending: int = 1, draft: bool = True) -> float:
         """The expected cost of a step, for choosing one (the adaptive policy): the verify pass from
@@ -189,14 +200,14 @@ class CostModel:
         if "line" not in self._fits:     # (intercept, slope), fitted once per change
             self._fits["line"] = self._sums["verify"].line(flat=True)
         line = self._fits["line"]
-        return self.expected(("verify", width)) if line is None else line[0] + line[1] * width
+        return self.expected(verify_key(width)) if line is None else line[0] + line[1] * width
 
     def tree_worst(self, shape, pending: int = 1) -> float:
         """A token tree's step (runtime/tree.py): its whole draft (measured per shape; before that
         depth x a draft step) and the verify pass of pending + nodes tokens (and, with `searches`,
         the next step's lookup search)."""
         search = self.worst("lookup") if self.searches else 0.0
-        return self.worst(tree_key(shape)) + self.worst(("verify", pending + shape.nodes)) + search \
+        return self.worst(tree_key(shape)) + self.worst(verify_key(pending + shape.nodes)) + search \
             + self.worst(overhead_key(shape))
 
     def tree_expected(self, shape, pending: int = 1) -> float:
@@ -219,7 +230,7 @@ class CostModel:
         return self._fits[(name, width)]
 
     def _fit(self, table: dict, width: int) -> float | None:
-        widths = sorted(k[1] for k in table if isinstance(k, tuple) and k[0] == "verify")
+        widths = sorted(k[1] for k in table if _kind(k) == "verify")
         if not widths:
             return None
         if len(widths) == 1:
@@ -227,10 +238,10 @@ class CostModel:
             slope = self.cfg.prior_verify_per_token_ms
         else:
             xs = np.array(widths, float)
-            ys = np.array([table[("verify", w)] for w in widths])
+            ys = np.array([table[verify_key(w)] for w in widths])
             slope = max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
             w0 = min(widths, key=lambda w: abs(w - width))
-        return table[("verify", w0)] + slope * (width - w0)
+        return table[verify_key(w0)] + slope * (width - w0)
 
 
 class _Sums:
@@ -325,6 +336,16 @@ class CycleBudget:
         """How long (s) a wait may block: until R before the deadline, at most cap_ms."""
         left = self.left_ms() - self.reserve_ms() if self.cfg.enabled else cap_ms
         return max(min(left, cap_ms), 0.0) / 1e3
+
+    def fit(self, step, pending: int = 1):
+        """The planned step (runtime.step) as the time left allows: a tree as it is, or the chain
+        it stands for; a chain or lookup shortened (`cap`); None: close the reasoning."""
+        if isinstance(step, TreeStep):
+            if self.cap_tree(step.shape, pending) is not None:
+                return step
+            step = Chain(step.chain)
+        k = self.cap(step.k, pending, free=isinstance(step, Lookup))
+        return None if k is None else shorten(step, k)
 
     def cap(self, k: int, pending: int = 1, free: bool = False) -> int | None:
         """Largest k' <= k with now + W(step k') + R <= D, or None: close the reasoning. free: the

@@ -64,14 +64,20 @@ class SpecConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"spec.top_p={self.top_p!r} is out of range; allowed (0, 1]")
         check_range("spec.relax_r", self.relax_r, lo=0)
+        self._tree_shape = tree_shape(self.tree, "spec.tree") if self.tree else None
         if self.tree:
-            tree_shape(self.tree, "spec.tree")
             if self.decoding != "greedy":
                 raise ConfigError(f"spec.tree={self.tree!r} needs decoding='greedy': sampling keeps "
                                   "chains (set tree: '' with decoding='sample')")
         if self.relax_r and self.decoding != "greedy":
             raise ConfigError(f"spec.relax_r={self.relax_r} needs decoding='greedy' (relaxed "
                               "acceptance compares argmax bins); use relax_r=0 with 'sample'")
+
+
+    @property
+    def tree_shape(self):
+        """spec.tree as a runtime.tree.TreeShape (parsed once, here), or None: chains only."""
+        return self._tree_shape
 
 
 @dataclass

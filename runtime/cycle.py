@@ -57,9 +57,7 @@ def check_trees(backend, cfg) -> None:
         raise ConfigError(f"spec.tree={cfg.spec.tree!r}: backend {backend.name!r} cannot verify token "
                           "trees; use a chain (tree: '') or a backend that takes them (torch; onnxruntime or "
                           "tensorrt with a step_tree graph at the step's precision: re-export or rebuild)")
-    from runtime.tree import TreeShape
-    width = backend.tree_width or backend.max_len
-    TreeShape.parse(cfg.spec.tree).check_width(width)
+    cfg.spec.tree_shape.check_width(backend.tree_width or backend.max_len)
 
 
 def check_room(backend, tok, cfg) -> None:

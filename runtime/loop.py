@@ -28,12 +28,14 @@ from runtime.acceptance import accept_greedy, accept_relaxed, accept_sampling, p
 from runtime.backend import DraftSampling, PrefillInputs
 from runtime.budget import wall_ms
 from runtime.trace import span
+from runtime.step import Chain, Lookup, StepRecord, TreeStep, shorten
 from runtime.tree import TreeShape, accept_greedy_tree, fed_prefix, greedy_run, layout
 
 class GreedyRule:
     """Exact greedy: output identical to plain greedy decoding of the target."""
     readout = "argmax"
     trees = True            # token trees are verified by this rule alone (runtime/tree.py)
+    exact_greedy = True     # plain greedy: a backend may run the whole step on its device
 
     def sampling(self, k: int) -> DraftSampling | None:
         """How the draft chooses its k proposals: None = the masked arg-max."""
@@ -50,6 +52,7 @@ class RelaxedRule(GreedyRule):
     """Greedy with Spec-VLA relaxed acceptance of trajectory tokens (text stays exact)."""
 
     trees = False
+    exact_greedy = False
 
     def __init__(self, range_ids: np.ndarray, r: int):
         self.range_ids, self.r = range_ids, int(r)
@@ -63,6 +66,7 @@ class SamplingRule:
     uniforms drawn here first, and returns q with its proposals."""
     readout = "logits"
     trees = False           # sampling keeps chains (no recursive rejection over siblings here)
+    exact_greedy = False
 
     def __init__(self, temperature: float, top_p: float, rng: np.random.Generator):
         self.temperature, self.top_p, self.rng = temperature, top_p, rng
@@ -109,20 +113,6 @@ class DecodeState:
 
 
 @dataclass
-class StepRecord:
-    """One draft -> verify step, as the loop's observer sees it."""
-    k: int                  # draft length (0: a plain target step)
-    draft: np.ndarray       # (k,) the draft's proposals
-    accepted: int           # n of them accepted
-    width: int              # tokens in the verify pass (pending + k)
-    draft_ms: float
-    verify_ms: float
-    source: str = "model"   # who proposed: "model" (the draft), "lookup" (reuse), "none" (k = 0)
-    nodes: int = 0          # a token tree's drafted nodes (0: a chain); `draft` is then its path
-                            # judged: the accepted nodes and the best-scored child where it stopped
-
-
-@dataclass
 class DecodeStats:
     steps: int = 0
     emitted: int = 0
@@ -138,6 +128,26 @@ class DecodeStats:
     ks: list = field(default_factory=list)
     ns: list = field(default_factory=list)     # accepted draft tokens per step
     branches: Counter = field(default_factory=Counter)
+
+    def count(self, rec: StepRecord) -> None:
+        """One step's record: its tokens, its calls' times, its branch."""
+        k, n = rec.k, rec.accepted
+        self.steps += 1
+        self.emitted += len(rec.emitted)
+        self.drafted += k
+        self.accepted += n
+        if rec.source == "lookup":
+            self.looked_up += k
+            self.looked_up_accepted += n
+        if rec.nodes:
+            self.trees += 1
+            self.tree_nodes += rec.nodes
+        self.draft_ms += rec.draft_ms
+        self.verify_ms += rec.verify_ms
+        self.ks.append(k)
+        self.ns.append(n)
+        branch = "plain" if k == 0 else "all_accepted" if n == k else "first_rejected" if n == 0 else "partial"
+        self.branches[branch] += 1
 
     @property
     def tau(self) -> float:
@@ -156,12 +166,15 @@ class DecodeStats:
 
 def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int,
            reserve: int = 0, clock=wall_ms, stats: DecodeStats | None = None, observer=None,
-           lookup=None) -> str:
+           lookup=None, budget=None) -> str:
     """Step until seq ends with a stop id ("stop"), reaches `limit` tokens ("limit"), the cache
-    (less `reserve` rows kept for the trajectory tail) is full ("max_len"), or the policy
-    returns None ("budget"). Returns the reason; `state` and `stats` are updated in place;
-    `observer(StepRecord)`, when given, sees every step; `lookup.propose(seq, k)`, when given,
-    is tried before the draft (module docstring)."""
+    (less `reserve` rows kept for the trajectory tail) is full ("max_len"), or the budget has no
+    time for a step ("budget"). Returns the reason; `state` and `stats` are updated in place.
+
+    Each step is a value (runtime/step.py): `lookup.propose(seq, k)`, when given, is asked first;
+    `policy.plan` chooses the step; `budget.fit`, when given, fits it into the time left; the room
+    left in the sequence and the caches shortens it; `run_step` runs it and its StepRecord goes
+    to the stats, the policy and `observer`."""
     stats = stats if stats is not None else DecodeStats()
     stops = {int(s) for s in stop_ids}
     while True:
@@ -177,38 +190,61 @@ def decode(backend, state: DecodeState, rule, policy, *, stop_ids=(), limit: int
             proposal = lookup.propose(state.seq, min(policy.k_max, room))
             searched = clock() - t0
             stats.lookup_ms += searched
-            if hasattr(policy, "observe_search"):
-                policy.observe_search(searched)
-        free = proposal is not None and len(proposal) > 0
-        trees = not free and getattr(policy, "tree", None) is not None and getattr(rule, "trees", False) \
-            and backend.takes_trees
-        k = policy.next_k(pending, free=True) if free else \
-            policy.next_k(pending, trees=True) if trees else policy.next_k(pending)
-        if k is None:
+            policy.observe_search(searched)
+        trees = getattr(rule, "trees", False) and backend.takes_trees and not (proposal is not None and len(proposal))
+        step = policy.plan(pending, proposal, trees)
+        if budget is not None and step is not None:
+            step = budget.fit(step, pending)
+        if step is None:
             return "budget"
-        if isinstance(k, TreeShape):
-            if tree_fits(backend, state, k, room):
-                step_tree(backend, state, policy, k, stops, clock, stats, observer)
-                continue
-            k = min(k.depth, room)      # no room for the tree: its depth as a chain
-        if free:
-            k = min(k, len(proposal))
-        if k > room:
-            k = room
-            stats.branches["max_length"] += 1
-        step(backend, state, rule, policy, k, stops, clock, stats, observer,
-             proposal[:k] if free and k else None)
+        step = within_room(backend, state, step, room, stats)
+        run_step(backend, state, rule, policy, step, stops, clock, stats, observer)
 
 
-def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, stats: DecodeStats,
-         observer=None, proposal=None) -> None:
-    """One draft -> verify -> accept step of draft length k (k = 0: a plain target step); a
-    lookup `proposal` (k,) stands in for the draft: no draft call, q = onehot(proposal)."""
+def within_room(backend, state: DecodeState, step, room: int, stats: DecodeStats):
+    """The step as the sequence's room and the caches allow: a tree that does not fit becomes a
+    chain of its depth; a longer chain or lookup is cut to the room (counted as "max_length")."""
+    if isinstance(step, TreeStep):
+        if tree_fits(backend, state, step.shape, room):
+            return step
+        return Chain(min(step.shape.depth, room))
+    if step.k > room:
+        stats.branches["max_length"] += 1
+        return shorten(step, room)
+    return step
+
+
+def run_step(backend, state: DecodeState, rule, policy, step, stops: set, clock, stats: DecodeStats,
+             observer=None):
+    """Run one step: draft (or take the lookup's tokens), verify, accept, then the one tail that
+    moves the state and hands the record on. Returns the StepRecord."""
+    reads, t0 = backend.host_reads, clock()
+    if isinstance(step, TreeStep):
+        rec, keep = _tree(backend, state, step, clock)
+    elif rule.exact_greedy and rule.readout == "argmax" and backend.device_greedy:
+        rec, keep = _device_chain(backend, state, step, clock)
+    else:
+        rec, keep = _chain(backend, state, rule, step, clock)
+    t2 = clock()
+    rec.wall_ms = t2 - t0
+    rec.syncs = None if reads is None else backend.host_reads - reads
+    _tail(backend, state, rec, keep, stops, stats)
+    policy.record(rec)
+    if observer is not None:
+        observer(rec)
+    policy.observe_overhead(clock() - t2, step)
+    return rec
+
+
+def _chain(backend, state: DecodeState, rule, step, clock):
+    """A chain or lookup step through the backend's draft and verify calls (any rule): the draft's
+    proposals and the target's rows come to the host, the rule accepts there."""
+    k = step.k
     pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
     t0 = clock()
     draft, q = np.zeros(0, np.int64), None
-    if proposal is not None:
-        draft = np.asarray(proposal, dtype=np.int64)
+    if isinstance(step, Lookup):
+        draft = np.asarray(step.tokens, dtype=np.int64)
     elif k:
         with span("draft"):
             draft, q = backend.draft(np.asarray(state.seq[state.d_len:], np.int64), state.d_len, k,
@@ -218,32 +254,85 @@ def step(backend, state: DecodeState, rule, policy, k: int, stops: set, clock, s
     with span("verify"):
         rows = backend.verify(np.concatenate([pending, draft]), state.t_len, rule.readout)
     t2 = clock()
-    if proposal is not None and rule.readout == "logits":   # a point-mass draft: q(x) = 1
+    if isinstance(step, Lookup) and rule.readout == "logits":   # a point-mass draft: q(x) = 1
         q = np.zeros((k, rows.shape[-1]), np.float32)
         q[np.arange(k), draft] = 1.0
     with span("accept"):
         n, t = rule.accept(draft, q, rows[len(pending) - 1:])
-    emitted = [int(x) for x in draft[:n]] + [t]
-    cut = next((i for i, x in enumerate(emitted) if x in stops), None)
-    if cut is not None and cut < n:
+    rec = StepRecord(step, k, draft, n, len(pending) + k, t1 - t0, t2 - t1,
+                     [int(x) for x in draft[:n]] + [int(t)])
+    return rec, _chain_keep(backend, step, n)
+
+
+def _device_chain(backend, state: DecodeState, step, clock):
+    """A greedy chain or lookup step run on the backend's device (Backend.greedy_step): the drafted
+    tokens, the target's arg-max and the accepted length stay there, and one small copy brings
+    back (n, the accepted tokens, the bonus token): the step's one host sync."""
+    pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
+    proposal = np.asarray(step.tokens, np.int64) if isinstance(step, Lookup) else None
+    with span("step"):
+        out = backend.greedy_step(pending, state.t_len, np.asarray(state.seq[state.d_len:], np.int64),
+                                  state.d_len, step.k, proposal, clock)
+    n = out.accepted
+    rec = StepRecord(step, step.k, out.draft, n, len(pending) + step.k, out.draft_ms, out.verify_ms,
+                     [int(x) for x in out.draft[:n]] + [int(out.bonus)], path="device")
+    return rec, _chain_keep(backend, step, n)
+
+
+def _chain_keep(backend, step, n: int):
+    """How many draft cache rows past the accepted prefix stay valid after a chain step: the draft
+    was fed seq[d_len:] and its first k-1 proposals; those accepted stay valid where the backend
+    keeps them (None: a lookup or plain step, the draft was not fed)."""
+    if not isinstance(step, Chain) or not step.k:
+        return None
+    return min(n, step.k - 1) if backend.draft_keeps_proposals else 0
+
+
+def _tree(backend, state: DecodeState, step, clock):
+    """A tree step (greedy; runtime/tree.py): draft a tree, verify pending + nodes in one pass,
+    walk the target's arg-max down it."""
+    pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
+    P = len(pending)
+    t0 = clock()
+    with span("draft"):
+        tree = backend.draft_tree(np.asarray(state.seq[state.d_len:], np.int64), state.d_len, step.shape)
+    t1 = clock()
+    offsets, mask = layout(tree, P)
+    with span("verify"):
+        rows = backend.verify_tree(np.concatenate([pending, tree.tokens]), state.t_len, "argmax", offsets, mask)
+    t2 = clock()
+    with span("accept"):
+        path, t = accept_greedy_tree(tree, rows[P - 1:])
+    n = len(path)
+    last = path[-1] if path else -1     # the judged path: accepted nodes, then the best child there
+    child = next((i for i in range(len(tree)) if tree.parents[i] == last), None)
+    judged = [int(tree.tokens[i]) for i in path] + ([] if child is None else [int(tree.tokens[child])])
+    rec = StepRecord(step, len(judged), np.asarray(judged, np.int64), n, P + len(tree), t1 - t0, t2 - t1,
+                     [int(tree.tokens[i]) for i in path] + [int(t)], nodes=len(tree),
+                     chain=greedy_run(tree, path))
+    fed = fed_prefix(tree, path) if backend.draft_keeps_proposals else []
+    return rec, (state.t_len + P + np.asarray(path, np.int64), np.asarray(fed, np.int64))
+
+
+def _tail(backend, state: DecodeState, rec: StepRecord, keep, stops: set, stats: DecodeStats) -> None:
+    """Every step's end: cut the emitted tokens after a stop, keep the draft's valid rows (a tree's
+    accepted rows are moved where a chain would have them), move the sequence, count."""
+    cut = next((i for i, x in enumerate(rec.emitted) if x in stops), None)
+    if cut is not None and cut < rec.accepted:
         stats.branches["stop_in_block"] += 1     # tokens after an accepted stop are dropped
     if cut is not None:
-        emitted = emitted[:cut + 1]
-    if k and proposal is None:   # the draft was fed seq[d_len:] and d[:k-1]; those now in seq may stay valid
-        kept = min(n, k - 1, len(emitted)) if backend.draft_keeps_proposals else 0
-        state.d_len = len(state.seq) + kept
-    state.seq.extend(emitted)
+        rec.emitted = rec.emitted[:cut + 1]
+    here = len(state.seq)       # the row of the first accepted token, in both caches
+    if isinstance(keep, tuple):                  # a tree: its accepted rows, the draft's fed ones
+        rows, fed = keep
+        kept = min(len(fed), len(rec.emitted))
+        backend.keep_rows(here, rows, here, fed[:kept])
+        state.d_len = here + kept
+    elif keep is not None:
+        state.d_len = here + min(keep, len(rec.emitted))
+    state.seq.extend(rec.emitted)
     state.t_len = len(state.seq) - 1
-    source = "none" if not k else "model" if proposal is None else "lookup"
-    if source == "lookup":      # no draft cost to learn; the lookup's own acceptance rate
-        policy.observe(k, n, 0.0, t2 - t1, len(pending) + k, free=True)
-    else:
-        policy.observe(k, n, t1 - t0, t2 - t1, len(pending) + k)
-    _count(stats, k, n, len(emitted), t1 - t0, t2 - t1, source)
-    if observer is not None:
-        observer(StepRecord(k, draft, n, len(pending) + k, t1 - t0, t2 - t1, source))
-    if hasattr(policy, "observe_overhead"):
-        policy.observe_overhead(clock() - t2)
+    stats.count(rec)
 
 
 def tree_fits(backend, state: DecodeState, shape: TreeShape, room: int) -> bool:
@@ -254,71 +343,8 @@ def tree_fits(backend, state: DecodeState, shape: TreeShape, room: int) -> bool:
         and draft_rows <= backend.max_len
 
 
-def step_tree(backend, state: DecodeState, policy, shape: TreeShape, stops: set, clock,
-              stats: DecodeStats, observer=None) -> None:
-    """One tree step (greedy; runtime/tree.py): draft a tree, verify pending + nodes in one pass,
-    walk the target's argmax down it, move the accepted rows where a chain would have them."""
-    pending = np.asarray(state.seq[state.t_len:], dtype=np.int64)
-    P = len(pending)
-    t0 = clock()
-    with span("draft"):
-        tree = backend.draft_tree(np.asarray(state.seq[state.d_len:], np.int64), state.d_len, shape)
-    t1 = clock()
-    offsets, mask = layout(tree, P)
-    with span("verify"):
-        rows = backend.verify_tree(np.concatenate([pending, tree.tokens]), state.t_len, "argmax", offsets, mask)
-    t2 = clock()
-    with span("accept"):
-        path, t = accept_greedy_tree(tree, rows[P - 1:])
-    n = len(path)
-    emitted = [int(tree.tokens[i]) for i in path] + [t]
-    cut = next((i for i, x in enumerate(emitted) if x in stops), None)
-    if cut is not None and cut < n:
-        stats.branches["stop_in_block"] += 1
-    if cut is not None:
-        emitted = emitted[:cut + 1]
-    fed = fed_prefix(tree, path) if backend.draft_keeps_proposals else []
-    kept = min(len(fed), len(emitted))
-    here = len(state.seq)       # the row of the first accepted node, in both caches
-    backend.keep_rows(here, state.t_len + P + np.asarray(path, np.int64), here, np.asarray(fed[:kept], np.int64))
-    state.d_len = here + kept
-    state.seq.extend(emitted)
-    state.t_len = len(state.seq) - 1
-    last = path[-1] if path else -1     # the judged path: accepted nodes, then the best child there
-    child = next((i for i in range(len(tree)) if tree.parents[i] == last), None)
-    judged = [int(tree.tokens[i]) for i in path] + ([] if child is None else [int(tree.tokens[child])])
-    if hasattr(policy, "observe_chain"):     # the greedy chain this tree step stands for
-        policy.observe_chain(*greedy_run(tree, path))
-    policy.observe_tree(shape, n, len(emitted), t1 - t0, t2 - t1, P + len(tree))
-    _count(stats, len(judged), n, len(emitted), t1 - t0, t2 - t1)
-    stats.trees += 1
-    stats.tree_nodes += len(tree)
-    if observer is not None:
-        observer(StepRecord(len(judged), np.asarray(judged, np.int64), n, P + len(tree), t1 - t0, t2 - t1,
-                            "model", len(tree)))
-    if hasattr(policy, "observe_overhead"):
-        policy.observe_overhead(clock() - t2, shape)
-
-
-def _count(stats: DecodeStats, k: int, n: int, emitted: int, draft_ms: float, verify_ms: float,
-           source: str = "model") -> None:
-    stats.steps += 1
-    stats.emitted += emitted
-    stats.drafted += k
-    stats.accepted += n
-    if source == "lookup":
-        stats.looked_up += k
-        stats.looked_up_accepted += n
-    stats.draft_ms += draft_ms
-    stats.verify_ms += verify_ms
-    stats.ks.append(k)
-    stats.ns.append(n)
-    branch = "plain" if k == 0 else "all_accepted" if n == k else "first_rejected" if n == 0 else "partial"
-    stats.branches[branch] += 1
-
-
 def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, clock=wall_ms,
-             positions=None, rope_delta: int = 0, observer=None, lookup=None):
+             positions=None, rope_delta: int = 0, observer=None, lookup=None, budget=None):
     """Prefill a token prompt and decode up to max_new tokens -> (new tokens, reason, stats).
 
     For text-only prompts (benchmarks, tests, training's acceptance measurements): positions
@@ -330,5 +356,5 @@ def generate(backend, prompt_ids, rule, policy, *, stop_ids=(), max_new: int, cl
     state = DecodeState.after_prefill(ids, rule.first(row))
     stats = DecodeStats()
     reason = decode(backend, state, rule, policy, stop_ids=stop_ids, limit=len(ids) + max_new,
-                    clock=clock, stats=stats, observer=observer, lookup=lookup)
+                    clock=clock, stats=stats, observer=observer, lookup=lookup, budget=budget)
     return state.seq[len(ids):], reason, stats

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.adaptive import StepPolicy
-from runtime.tree import TreeShape
 from runtime.backend import PrefillInputs
 from runtime.budget import CycleBudget
 from runtime.checks import check_trajectory, comfortable_stop
@@ -126,14 +125,11 @@ class Cycle:
         return make_rule(self.cfg.spec, phase, self.p.rng, self.p.range_ids)
 
     def _policy(self, phase: str) -> StepPolicy:
-        """Reasoning steps are capped by the budget; trajectory tokens (token mode) are not,
+        """Reasoning steps are fitted by the budget (decode's `budget`); trajectory tokens (token mode) are not,
         their whole decode is the trajectory stage. Each phase keeps its acceptance rate."""
-        spec, reasoning = self.cfg.spec, phase == "reasoning"
-        tree = TreeShape.parse(spec.tree) if spec.tree else None
+        spec = self.cfg.spec
         return StepPolicy(self.p.costs, spec.k, spec.adaptive and spec.k > 0, spec.k_max,
-                          cap=self.budget.cap if reasoning else None, rate=self.p.rates[phase],
-                          free_rate=self.p.rates["lookup"], tree=tree,
-                          cap_tree=self.budget.cap_tree if reasoning else None,
+                          rate=self.p.rates[phase], free_rate=self.p.rates["lookup"], tree=spec.tree_shape,
                           tree_tau=self.p.tree_tau)
 
     def _reason(self, state: DecodeState) -> None:
@@ -143,7 +139,7 @@ class Cycle:
             reason = decode(self.be, state, self._rule("reasoning"), self._policy("reasoning"),
                             stop_ids=(tok.cot_end,), limit=self.prompt_len + self.cfg.max_reasoning_tokens,
                             reserve=reserve_rows(self.cfg, self.tok), clock=self.budget.clock, stats=stats,
-                            observer=self.p.observer, lookup=lookup)
+                            observer=self.p.observer, lookup=lookup, budget=self.budget)
         self.budget.end_reasoning()
         if store is not None:     # what the target accepted (a forced <|cot_end|> is not)
             store.remember(state.seq[self.prompt_len - 1:])

@@ -43,8 +43,8 @@ class StepLog:
         original = CycleBudget.cap
         log = self
 
-        def cap(budget, k, pending=1):
-            got = original(budget, k, pending)
+        def cap(budget, k, pending=1, free=False):
+            got = original(budget, k, pending, free)
             worst = None if got is None else budget.costs.step_worst(got, pending)
             log.rows.append((budget.clock(), k, got, worst, budget.deadline, budget.reserve_ms(), pending))
             return got

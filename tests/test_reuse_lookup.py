@@ -196,9 +196,9 @@ def test_the_search_is_measured_and_the_budget_keeps_room_for_it(search_ms):
     store = Lookup(cycles=1, ngram=1)
     store.remember([int(p[-1])] + list(range(4, V)) * 3)     # something to propose
     look = SlowLookup(store, len(p) - 1, clock, search_ms)
-    pol = StepPolicy(costs, 4, False, 8, cap=budget.cap)
+    pol = StepPolicy(costs, 4, False, 8)
     out, reason, stats = generate(be, p, GreedyRule(), pol, stop_ids=[STOP], max_new=200, lookup=look,
-                                  clock=clock)
+                                  clock=clock, budget=budget)
     assert look.searches >= 2
     assert stats.lookup_ms == pytest.approx(search_ms * look.searches)
     assert costs.mean["lookup"] == pytest.approx(search_ms)

@@ -5,7 +5,11 @@ import numpy as np
 import pytest
 
 from runtime.adaptive import AcceptanceRate, CostModel, StepPolicy, best_k, expected_tokens
-from runtime.budget import _Sums, draft_key
+from types import SimpleNamespace
+
+from policies import chain_record
+from runtime.budget import CycleBudget, _Sums, draft_key
+from runtime.step import Chain
 from runtime.config import BudgetConfig
 
 
@@ -54,13 +58,13 @@ def test_best_k_maximises_tokens_per_ms():
 def test_the_policy_learns_from_measured_steps():
     model = costs(5.0, 10.0, 0.2)                  # priors say drafting is expensive
     policy = StepPolicy(model, k=4, adaptive=True, k_max=8)
-    first = policy.next_k(1)
+    first = policy.plan(1).k
     for _ in range(30):                            # measured: drafting is cheap, all accepted
-        k = policy.next_k(1)
-        policy.observe(k, k, draft_ms=0.1 * k, verify_ms=10.0 + 0.2 * k, width=k + 1)
-    assert policy.next_k(1) > first and policy.next_k(1) == 8
-    capped = StepPolicy(model, k=6, adaptive=False, k_max=8, cap=lambda k, pending: min(k, 2))
-    assert capped.next_k(1) == 2
+        k = policy.plan(1).k
+        policy.record(chain_record(k, k, draft_ms=0.1 * k, verify_ms=10.0 + 0.2 * k, width=k + 1))
+    assert policy.plan(1).k > first and policy.plan(1) == Chain(8)
+    capped = SimpleNamespace(cap=lambda k, pending, free=False: min(k, 2))
+    assert CycleBudget.fit(capped, StepPolicy(model, k=6, adaptive=False, k_max=8).plan(1), 1) == Chain(2)
 
 
 def bursty_step(rng, k, p_long=0.6):
@@ -119,10 +123,10 @@ def test_where_a_step_starts_in_the_phase_picks_its_table():
     for _ in range(40):                           # 40 phases of 48 tokens
         policy = StepPolicy(model, k=4, adaptive=True, k_max=8, rate=rate)
         while policy.at < 48:
-            k = policy.next_k(1)
+            k = policy.plan(1).k
             (early if policy.at < 16 else late).append(k)
             n = min(k, 10**6 if policy.at < 16 else int(rng.integers(0, 2)))
-            policy.observe(k, n, draft_ms=2.0 * k, verify_ms=10.0 + 0.2 * (k + 1), width=k + 1)
+            policy.record(chain_record(k, n, draft_ms=2.0 * k, verify_ms=10.0 + 0.2 * (k + 1), width=k + 1))
     assert rate.expected(8, at=0) > 8.5 and abs(rate.expected(1, at=40) - 1.5) < 0.2
     # late steps draft 1-2 tokens; now and then one probes long again (the evidence at positions
     # a short k never reaches fades, and the other tables' long runs pull it up) and is corrected
@@ -159,10 +163,10 @@ def test_what_a_step_costs_besides_its_calls_favours_longer_steps():
         k = int(rng.integers(1, 9))
         rate.observe(k, simulate_step(rng, 0.75, k))
     policy = StepPolicy(costs(1.5, 10.0, 0.2), k=4, adaptive=True, k_max=8, rate=rate)
-    blind = policy.next_k(1)
-    policy.observe_overhead(15.0)
+    blind = policy.plan(1).k
+    policy.observe_overhead(15.0, Chain(4))
     assert policy.costs.step_expected(4) == pytest.approx(4 * 1.5 + 10.0 + 0.2 * 4 + 15.0)
-    assert policy.next_k(1) > blind
+    assert policy.plan(1).k > blind
 
 
 def test_a_draft_call_with_a_fixed_part_is_priced_by_a_line_not_per_token():
@@ -179,12 +183,12 @@ def test_a_draft_call_with_a_fixed_part_is_priced_by_a_line_not_per_token():
     true = [rate.expected(k) / (fixed + per * k + verify) for k in range(1, 9)]
     policy = StepPolicy(costs(5.0, verify, 0.0), k=4, adaptive=True, k_max=8, rate=rate)
     for k in (2, 3, 3, 4, 2, 3):                     # an adaptive run that drafted short so far
-        policy.observe(k, k, draft_ms=fixed + per * k, verify_ms=verify, width=k + 1)
+        policy.record(chain_record(k, k, draft_ms=fixed + per * k, verify_ms=verify, width=k + 1))
     line = policy.costs.draft_line
     assert line(8) == pytest.approx(fixed + per * 8) and line(1) == pytest.approx(fixed + per)
     per_token = [rate.expected(k) / (k * policy.costs.expected("draft") + verify) for k in range(1, 9)]
     assert 1 + int(np.argmax(per_token)) < 1 + int(np.argmax(true))     # what pricing per token chose
-    assert policy.next_k(1) == 1 + int(np.argmax(true))
+    assert policy.plan(1).k == 1 + int(np.argmax(true))
     one = costs(5.0, verify, 0.0)                   # one call length measured: per token, as before
     one.observe("draft", 1.0), one.observe(draft_key(4), 4.0)
     assert one.draft_line(6) == 6.0

@@ -13,6 +13,7 @@ from runtime.adaptive import CostModel, StepPolicy
 from runtime.backend import PrefillInputs
 from table_backend import TableBackend, prompts
 from runtime.config import BudgetConfig
+from runtime.step import Chain
 from policies import FixedK
 from distribution import chi2_z, exact_joint, wrong_rule_resample_from_p
 from runtime.loop import (DecodeState, DecodeStats, GreedyRule, SamplingRule, decode,
@@ -63,9 +64,9 @@ def test_budget_cut_yields_a_prefix_of_plain_output():
             super().__init__(k)
             self.left = steps
 
-        def next_k(self, pending):
+        def plan(self, pending, proposal=None, trees=False):
             self.left -= 1
-            return None if self.left < 0 else self.k
+            return None if self.left < 0 else Chain(self.k)
 
     be = backend(0.4)
     for prompt in prompts(20, 5):

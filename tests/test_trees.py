@@ -4,6 +4,7 @@ equal to plain decoding token for token, with the accepted rows moved where a ch
 Random tiny models (tests/tiny_torch.py) for the sweep and the cache checks; the shipped
 checkpoint on real test scenes through the planner for the end-to-end equality."""
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from policies import FixedK
 from prompt.config import ConfigError
 from runtime.adaptive import StepPolicy
 from runtime.backends.torch import TorchBackend, noised_copy
-from runtime.budget import CostModel
+from runtime.budget import CostModel, CycleBudget
+from runtime.step import Chain, TreeStep
 from runtime.config import BudgetConfig, SpecConfig
 from runtime.backend import PrefillInputs
 from runtime.loop import DecodeState, GreedyRule, decode, generate
@@ -63,11 +65,11 @@ class FixedTree(FixedK):
         super().__init__(shape.depth)
         self.tree, self.tree_steps = shape, 0
 
-    def next_k(self, pending: int, trees: bool = False):
-        return self.tree if trees else self.k
+    def plan(self, pending: int, proposal=None, trees: bool = False):
+        return TreeStep(self.tree, self.k) if trees else Chain(self.k)
 
-    def observe_tree(self, *args) -> None:
-        self.tree_steps += 1
+    def record(self, rec) -> None:
+        self.tree_steps += isinstance(rec.step, TreeStep)
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +200,13 @@ def test_the_budget_prices_the_whole_tree_and_falls_back_to_a_chain():
     costs.observe(tree_key(shape), 10.0)
     costs.observe(("verify", 17), 30.0)
     assert costs.tree_worst(shape) == pytest.approx(1.5 * 10.0 + 1.5 * 30.0)
-    refused = StepPolicy(costs, 4, False, 8, cap=lambda k, p: k - 1, tree=shape, cap_tree=lambda s, p: None)
-    assert refused.next_k(1, trees=True) == 3
-    taken = StepPolicy(costs, 4, False, 8, tree=shape, cap_tree=lambda s, p: s)
-    assert taken.next_k(1, trees=True) == shape and taken.next_k(1) == 4
+    policy = StepPolicy(costs, 4, False, 8, tree=shape)
+    planned = policy.plan(1, trees=True)
+    assert planned == TreeStep(shape, 4) and policy.plan(1) == Chain(4)
+    refuse = SimpleNamespace(cap=lambda k, p, free=False: k - 1, cap_tree=lambda s, p: None)
+    assert CycleBudget.fit(refuse, planned, 1) == Chain(3)
+    take = SimpleNamespace(cap=lambda k, p, free=False: k, cap_tree=lambda s, p: s)
+    assert CycleBudget.fit(take, planned, 1) == planned
 
 
 # --- torch: greedy tree decoding is plain decoding ----------------------------------------------
@@ -354,16 +359,16 @@ def _tree_policy(tree_tokens: float | None = None):
 
 def test_the_adaptive_choice_takes_the_tree_only_when_its_measured_rate_wins():
     p, shape = _tree_policy(4.5)            # 4.5 tokens per 12.7 ms beats the chain
-    assert p.next_k(1, trees=True) == shape
+    assert p.plan(1, trees=True) == TreeStep(shape, 4)
     p, shape = _tree_policy(1.2)            # 1.2 tokens per 12.7 ms does not
-    assert isinstance(p.next_k(1, trees=True), int)
+    assert isinstance(p.plan(1, trees=True), Chain)
 
 
 def test_a_tree_that_keeps_losing_is_looked_at_less_and_less_and_a_winner_every_step():
     p, shape = _tree_policy()               # measured at 1.2 tokens a step: loses to the chain
     looks = []
     for ask in range(300):
-        if p.next_k(1, trees=True) == shape:
+        if isinstance(p.plan(1, trees=True), TreeStep):
             looks.append(ask)
             p.tree_tau.observe(1.2)
     # two measuring steps, then looks 8, 16, 32, 64, 128 and 256 asks apart at most
@@ -373,7 +378,7 @@ def test_a_tree_that_keeps_losing_is_looked_at_less_and_less_and_a_winner_every_
     p, shape = _tree_policy()
     for _ in range(2):
         p.tree_tau.observe(4.5)             # wins: taken every step
-    assert all(p.next_k(1, trees=True) == shape for _ in range(50))
+    assert all(p.plan(1, trees=True) == TreeStep(shape, 4) for _ in range(50))
 
 
 def test_a_tree_step_measures_the_greedy_chain_it_competes_with():

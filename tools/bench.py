@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 def speedup_run(args: argparse.Namespace) -> BenchRun:
     measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, data=args.data, repeats=args.repeats, warmup=args.warmup,
                           ks=args.ks, adaptive=not args.no_adaptive, trees=args.trees, aa=args.aa, budget_ms=args.budget_ms,
-                          max_reasoning_tokens=args.max_reasoning, picture_scene=args.picture_scene)
+                          max_reasoning_tokens=args.max_reasoning, picture_scene=args.picture_scene, raw=args.device != "cpu")
     return BenchRun(source=model_source(args), measure=measure, json=args.json, drafts=args.drafts,
                     profile=args.profile, deadline_ms=args.deadline_ms, threads=args.threads, plot=args.plot,
                     accept_plot=args.accept_plot, command=command_line(args))

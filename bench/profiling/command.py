@@ -118,17 +118,51 @@ def profile_here(setup: ProfileRun) -> dict:
                                "routine_tokens": routine_tokens(tok, res.reasoning)})   # accepted.png's classes
                 log.write(cycles[-1])
             trace.end(measure)
+            gpu = gpu_timeline(planner, scenes[-1], setup.out) if setup.source.device.startswith("cuda") else None
     finally:
         trace.disable()
         log.close()
         planner.close()
     ranges = [r for r in rec.ranges if r.name != trace.CAPTURE]
-    stats = {"stamp": stamp, **summarize(ranges, cycles, setup)}
+    stats = {"stamp": stamp, **summarize(ranges, cycles, setup), "gpu_cycle": gpu}
     (setup.out / "trace.json").write_text(json.dumps(profile_report.chrome_trace(ranges, rec.threads)))
     (setup.out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     (setup.out / "stats.md").write_text(profile_report.format_table(stats["stages"]) + "\n")
     timeline.draw_all(cycles, setup.out)
     return stats
+
+
+def gpu_timeline(planner, scene, out: Path) -> dict | None:
+    """One more cycle under torch's profiler, host calls and CUDA kernels on one time axis (the
+    stretches with no kernel are where the GPU waited for the host) -> OUT/gpu_cycle.pt.trace.json
+    (ui.perfetto.dev) and its summary: kernels, their busy time, the GPU's busy share of the
+    cycle. None where torch has no CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        planner.plan(scene.images, scene.history, scene=scene.name)
+        torch.cuda.synchronize()
+    path = out / "gpu_cycle.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    return {"trace": path.name, **kernel_busy(json.loads(path.read_text()).get("traceEvents", []))}
+
+
+def kernel_busy(events: list) -> dict:
+    """Kernels of a Chrome trace (cat "kernel"): their count, the union of their intervals (ms)
+    and its share of the span from the first kernel's start to the last one's end."""
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+                   for e in events if e.get("cat") == "kernel" and "ts" in e)
+    if not spans:
+        return {"kernels": 0, "busy_ms": 0.0, "busy_share": None}
+    busy, end = 0.0, spans[0][0]
+    for a, b in spans:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    total = end - spans[0][0]
+    return {"kernels": len(spans), "busy_ms": round(busy / 1e3, 3),
+            "busy_share": round(busy / total, 4) if total > 0 else None}
 
 
 def summarize(ranges, cycles: list[dict], setup: ProfileRun) -> dict:

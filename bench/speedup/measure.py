@@ -17,6 +17,7 @@ import gc
 import os
 import platform
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,7 @@ class BenchConfig:
     deadline_ms: float = 1000.0   # a cycle longer than this counts as a deadline miss
     max_reasoning_tokens: int | None = None
     picture_scene: int = 0
+    raw: bool = False             # each call kind's floor beside its in-loop time (on by default on CUDA)
 
     def __post_init__(self):
         check_range("scenes", self.scenes, lo=1)
@@ -186,7 +188,32 @@ def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerCon
                 cycles[m.name].append(TimedCycle(r, i, res, steps))
                 bar.update()          # between cycles, outside the timed region
     bar.close()
-    return summarize(modes, scenes, cycles, tok, cfg)
+    record = summarize(modes, scenes, cycles, tok, cfg)
+    if cfg.raw:
+        for m, out in zip(modes, record["modes"]):
+            out["calls"] = in_loop_vs_raw(m.backend, [s for c in cycles[m.name] for s in c.steps])
+    return record
+
+
+def in_loop_vs_raw(backend, steps) -> dict | None:
+    """Per call kind (verify of a width, a draft call of k) its mean time inside the loop against
+    its floor on the same backend (Backend.raw_costs: the calls back to back, no loop), and the
+    ratio: what the loop's host work adds to that call. None where the backend has no floor."""
+    def means(pairs):
+        groups: dict = {}
+        for key, ms in pairs:
+            groups.setdefault(key, []).append(ms)
+        return {key: float(np.mean(v)) for key, v in groups.items()}
+    chains = [s for s in steps if not s.nodes]
+    verify = means((s.width, s.verify_ms) for s in chains)
+    draft = means((s.k, s.draft_ms) for s in chains if s.k and s.source == "model")
+    raw = backend.raw_costs(sorted(verify), sorted(draft))
+    if raw is None:
+        return None
+    row = lambda loop, floor: {"in_loop_ms": round(loop, 4), "raw_ms": round(floor, 4),  # noqa: E731
+                               "ratio": round(loop / floor, 3) if floor > 0 else None}
+    return {"verify": {str(w): row(verify[w], raw["verify"][w]) for w in sorted(verify)},
+            "draft": {str(k): row(draft[k], raw["draft"][k]) for k in sorted(draft) if k in raw["draft"]}}
 
 
 def summarize(modes, scenes, cycles: dict, tok, cfg: BenchConfig) -> dict:
@@ -244,7 +271,8 @@ def _mode_summary(m: Mode, mine: list[TimedCycle], plain: list[TimedCycle], t1: 
            "budget_cuts": sum("budget_cut" in c.res.flags for c in mine),
            "errors": sum(c.res.error is not None for c in mine),
            "identical": _identical(mine, plain),
-           "trajectory_max_diff_m": _traj_diff(mine, plain)}
+           "trajectory_max_diff_m": _traj_diff(mine, plain),
+           **host_terms(steps)}
     if m.k or m.adaptive:
         out.update(_spec_terms(m, steps, tau, t1, ms, out["decode_speedup"]["all"]))
     if m.k:
@@ -255,6 +283,23 @@ def _mode_summary(m: Mode, mine: list[TimedCycle], plain: list[TimedCycle], t1: 
         out["tree_steps"] = len(trees)
         out["tree_nodes_mean"] = round(float(np.mean([s.nodes for s in trees])), 3) if trees else None
     return out
+
+
+def host_terms(steps) -> dict:
+    """Which path the steps took ("device": the backend's device-resident greedy step, "host": the
+    loop's draft/verify/accept), the backend's device-to-host reads a step (each a host sync on a
+    GPU; None where the backend does not count them), and the host's share of a step: 1 - (its
+    calls' time) / (its wall time). On the device path the calls' times are device times (CUDA
+    events), so the share is what the host adds; on a CPU device and host are one and it is the
+    loop's bookkeeping."""
+    syncs = [s.syncs for s in steps if s.syncs is not None]
+    wall = sum(s.wall_ms for s in steps)
+    busy = sum(s.draft_ms + s.verify_ms for s in steps)
+    return {"paths": dict(Counter(s.path for s in steps)),
+            "syncs_per_step": round(float(np.mean(syncs)), 3) if syncs else None,
+            "step_wall_ms": round(wall / len(steps), 4) if steps else None,
+            "step_calls_ms": round(busy / len(steps), 4) if steps else None,
+            "host_share": round(1.0 - busy / wall, 4) if wall > 0 else None}
 
 
 def _spec_terms(m: Mode, steps, tau: float, t1: float, ms, measured) -> dict:

@@ -29,7 +29,24 @@ def table(record: dict) -> str:
                  f"{m['deadline_misses']:>4}"]
         lines.append(" ".join(cells))
     lines += [m["note"] for m in record["modes"] if m.get("note")]
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + host_table(record))
+
+
+def host_table(record: dict) -> list[str]:
+    """Where each mode's decode steps ran and what the host added to them (measure.host_terms)."""
+    lines = [f"{'mode':<26} {'path (steps)':<22} {'syncs/step':>10} {'step ms':>8} {'calls ms':>8} {'host':>6}"]
+    for m in record["modes"]:
+        paths = ", ".join(f"{p} {n}" for p, n in sorted(m.get("paths", {}).items())) or "-"
+        lines.append(f"{m['name']:<26} {paths:<22} {_num(m.get('syncs_per_step'), 10, 2)} "
+                     f"{_num(m.get('step_wall_ms'), 8, 3)} {_num(m.get('step_calls_ms'), 8, 3)} "
+                     f"{_pct(m.get('host_share')).rjust(6)}")
+    for m in record["modes"]:
+        calls = m.get("calls") or {}
+        cells = [f"{kind} {size} {c['in_loop_ms']:.3f}/{c['raw_ms']:.3f} ms ({_num(c['ratio'], 0, 2)}x)"
+                 for kind in ("verify", "draft") for size, c in calls.get(kind, {}).items()]
+        if cells:
+            lines.append(f"{m['name']}: in the loop / raw: " + "; ".join(cells))
+    return lines
 
 
 def markdown_table(record: dict) -> str:

@@ -37,6 +37,7 @@ from prompt.config import ConfigError
 from prompt.graphs import SHAPES
 from prompt.pixels import images_to_patches
 from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise, image_rows
+from runtime.backends.torch_step import DeviceStep, HostLink, raw_costs
 from runtime.config import K_MAX_LIMIT
 from runtime.tree import TreeBuilder
 
@@ -50,6 +51,7 @@ class TorchBackend(Backend):
     streams_prefill = True
     approximates_prefill = True
     takes_trees = True
+    device_greedy = True
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = DEFAULT_MAX_LEN,
@@ -71,8 +73,10 @@ class TorchBackend(Backend):
         self.cache = target.new_cache(1, self.max_len)
         self.draft_cache = None if draft is None else draft.new_cache(1, self.max_len)
         self.feats = torch.zeros(self.max_len, 3 * llm.hidden if self.fused else 1, device=self.device)
+        self.link = HostLink(self.device, 128)       # every device-to-host read goes through it
         self.set_mask(None)
         self.delta, self.images = 0, None
+        self.device_step = DeviceStep(self, k_max or K_MAX_LIMIT)
         self.graphs = None
         if static or (self.device.type == "cuda" and not eager):
             self.graphs = StaticRunner(self, capture=self.device.type == "cuda" and not eager)
@@ -234,9 +238,9 @@ class TorchBackend(Backend):
             logits, hidden = self._draft_step(ids, start, feat)
             masked = self._masked(logits[0, -1:], start + ids.shape[1])[0]
             if sampling is None:
-                token = int(masked.argmax())
+                token = int(self.link.down(masked.argmax()))
             else:
-                token, q = self.draw(masked.cpu().numpy(), sampling, i)
+                token, q = self.draw(self.link.down(masked), sampling, i)
                 qs.append(q)
             out.append(token)
             start, feat = start + ids.shape[1], hidden[:, -1:] if self.fused else None
@@ -247,13 +251,28 @@ class TorchBackend(Backend):
     def verify(self, tokens, start: int, readout: str) -> np.ndarray:
         ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
         self.check_rows(start, ids.shape[1])
-        if self.graphs is not None:
-            logits, feats = self.graphs.target(ids, start)
-        else:
-            logits, feats = self._verify(ids, *self._text_rope(start, ids.shape[1]), start)
+        logits, feats = self.target_pass(ids, start)
         if self.fused:
             self.feats[start:start + ids.shape[1]] = feats
         return self._read(logits[0], readout, start + 1)
+
+    def target_pass(self, ids, start: int):
+        """The verify forward of device ids (1, w) at `start`: the captured graph of width w, or
+        as it is -> logits (1, w, V), fused features (w, 3D) or None."""
+        if self.graphs is not None:
+            return self.graphs.target(ids, start)
+        return self._verify(ids, *self._text_rope(start, ids.shape[1]), start)
+
+    def raw_costs(self, widths, ks) -> dict:
+        return raw_costs(self, widths, ks)
+
+    @property
+    def host_reads(self) -> int:
+        return self.link.reads
+
+    def greedy_step(self, tokens, start: int, draft_tokens, draft_start: int, k: int, proposal, clock):
+        """runtime/torch_step.py: the greedy step on the device, one read back."""
+        return self.device_step.step(tokens, start, draft_tokens, draft_start, k, proposal, clock)
 
     # --- token trees (runtime/tree.py) ----------------------------------------------------------
     @torch.no_grad()
@@ -309,7 +328,7 @@ class TorchBackend(Backend):
         if self.fused:
             self.feats[start:start + w] = torch.cat(hid, -1)[0]
         masked = self._masked_at(logits[0].float(), start + 1 + offsets)
-        return self.read(readout, lambda: masked.argmax(-1).cpu().numpy(), lambda: masked.cpu().numpy())
+        return self.read(readout, lambda: self.link.down(masked.argmax(-1)), lambda: self.link.down(masked))
 
     @torch.no_grad()
     def keep_rows(self, start: int, rows, draft_start: int, draft_rows) -> None:
@@ -324,7 +343,7 @@ class TorchBackend(Backend):
         masked log-probabilities, (n, k) each, on the host."""
         lp = torch.log_softmax(self._masked_at(logits.float(), index), -1)
         val, ids = lp.topk(min(k, lp.shape[-1]), -1)
-        return ids.cpu().numpy(), val.cpu().numpy()
+        return self.link.down(ids), self.link.down(val)
 
     def _masked_at(self, logits: torch.Tensor, index: np.ndarray) -> torch.Tensor:
         """logits (n, V) choosing the tokens at sequence indices `index` (n,) -> masked fp32."""
@@ -358,7 +377,7 @@ class TorchBackend(Backend):
         noise = torch.from_numpy(expert_noise(seed, r.samples, ec.n_waypoints, ec.action_dim)).to(self.device)
         wp, _ = self.expert_model.sample(self.cache, rows, torch.tensor([v0], device=self.device), r.steps,
                                          rope_delta=self.delta, noise=noise, samples=r.samples, combine=r.combine)
-        return wp[0].float().cpu().numpy()
+        return self.link.down(wp[0].float())
 
     # --- the forwards the runner captures (start: an int, or a (1,) device tensor) ---------------
     def _verify(self, ids, cos, sin, start):
@@ -396,15 +415,15 @@ class TorchBackend(Backend):
 
     def _read(self, logits: torch.Tensor, readout: str, index0: int) -> np.ndarray:
         masked = self._masked(logits, index0)
-        return self.read(readout, lambda: masked.argmax(-1).cpu().numpy(), lambda: masked.cpu().numpy())
+        return self.read(readout, lambda: self.link.down(masked.argmax(-1)), lambda: self.link.down(masked))
 
 
 def _move(buf: torch.Tensor, dim: int, start: int, rows, device) -> None:
     """buf's slices `rows` along `dim` -> start, start+1, .. (read first: the ranges may overlap)."""
-    src = torch.as_tensor(np.asarray(rows, np.int64), device=device)
-    if not len(src) or bool((src == torch.arange(start, start + len(src), device=device)).all()):
+    rows = np.asarray(rows, np.int64)
+    if not len(rows) or np.array_equal(rows, np.arange(start, start + len(rows))):
         return
-    move_rows(buf, dim, start, src)
+    move_rows(buf, dim, start, torch.as_tensor(rows, device=device))
 
 
 def check_image_tokens(ids, image_token_id: int, n_embeds: int) -> None:
@@ -479,6 +498,7 @@ class StaticRunner:
 
     def __init__(self, be: TorchBackend, capture: bool):
         self.be, self.capture, self.graphs, self.capturing = be, capture, {}, False
+        self.start_buf = torch.zeros(1, dtype=torch.long, device=be.device)
         rows = torch.arange(be.max_len, device=be.device)[None]
         self.text_cos, self.text_sin = be.target.rope(rows)        # (1, max_len, hd), pos = row
         if be.draft_kind == "routine" and be.cfg.draft.rope == "flat":
@@ -517,7 +537,9 @@ class StaticRunner:
             self.capturing = False
 
     def _start(self, start: int) -> torch.Tensor:
-        return torch.tensor([start], device=self.be.device)
+        """`start` as a (1,) device tensor, filled by a kernel (a host int is its argument: no copy)."""
+        self.start_buf.fill_(start)
+        return self.start_buf
 
     def _run(self, key, fn, args):
         if not self.capture or (key not in self.graphs and not self.capturing):
