@@ -66,7 +66,7 @@ class Planner:
     def __init__(self, backend, tokenizer, config: PlannerConfig | None = None, clock=wall_ms,
                  observer=None):
         self.backend, self.tok = backend, tokenizer
-        self.observer = observer      # observer(runtime.loop.StepRecord) sees every decode step
+        self.observer = observer      # observer(runtime.step.StepRecord) sees every decode step
         self.cfg = config or PlannerConfig()
         self.clock = clock
         check_setup(backend, tokenizer, self.cfg)

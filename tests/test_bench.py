@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from prompt.config import ConfigError
-from runtime.loop import StepRecord
+from runtime.step import Chain, StepRecord
 from table_backend import TableBackend
 from runtime.budget import FakeClock
 from runtime.config import PlannerConfig
@@ -149,7 +149,7 @@ def test_ideal_speedup_formula():
 
 
 def step(draft):
-    return StepRecord(len(draft), np.asarray(draft, np.int64), 0, len(draft) + 1, 1.0, 2.0)
+    return StepRecord(Chain(len(draft)), len(draft), np.asarray(draft, np.int64), 0, len(draft) + 1, 1.0, 2.0)
 
 
 def test_labels_on_hand_made_steps():

@@ -1,7 +1,7 @@
 """Where the draft is accepted: who produced each reasoning token, split by routine vs commitment
 words and by scenario family, and a picture of one scene's chain of causation.
 
-The planner's step observer (runtime.loop.StepRecord) gives, per decode step, the draft's
+The planner's step observer (runtime.step.StepRecord) gives, per decode step, the draft's
 proposals d (k ids), the verify width and the time of both calls. The labels then follow from
 the proposals and the final sequence alone:
 greedy accepts d[i] iff it equals the target's choice, which is the emitted token, so
