@@ -8,28 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from models.config import DraftConfig, ExpertConfig, LLMConfig, ModelConfig, TargetConfig, VisionConfig
+from models.config import DraftConfig, ExpertConfig, ModelConfig
 from models.draft import Draft
 from models.layers import fuse_projections, kv_bucket, tree_mask
 from models.target import Target
 from prompt.pixels import images_to_patches
 from prompt.positions import mrope_decode_position_ids, mrope_position_ids
 
-IMG, VS, VE, V = 60, 61, 62, 64
+from tiny_targets import IMG, V, VE, VS, tiny_cfg
 TOL = 2e-5
-
-
-def tiny_cfg(style: str) -> TargetConfig:
-    """2-layer, hidden-64 target, GQA 4/2: Qwen3 style (q/k norm, interleaved M-RoPE, DeepStack)
-    or Qwen2.5 style (qkv bias, sectioned M-RoPE)."""
-    q3 = style == "qwen3"
-    vision = VisionConfig(style=style, depth=2, hidden=32, heads=2, intermediate=48, patch=4,
-                          num_position_embeddings=16, deepstack_layers=(0, 1) if q3 else (),
-                          window_size=0 if q3 else 16, fullatt_blocks=() if q3 else (1,))
-    llm = LLMConfig(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96,
-                    vocab_size=V, mrope_section=(4, 2, 2) if q3 else (2, 3, 3),
-                    interleaved=q3, qk_norm=q3, qkv_bias=not q3)
-    return TargetConfig(vision=vision, llm=llm, image_token_id=IMG, vision_start_id=VS)
 
 
 def models(style: str = "qwen3", arch: str = "specdrive", seed: int = 0):
