@@ -35,7 +35,9 @@ class GreedyRule:
     """Exact greedy: output identical to plain greedy decoding of the target."""
     readout = "argmax"
     trees = True            # token trees are verified by this rule alone (runtime/tree.py)
-    exact_greedy = True     # plain greedy: a backend may run the whole step on its device
+    # plain greedy: a backend may run the whole step on its device (a subclass that accepts on the
+    # host, e.g. to read the logits, sets it False)
+    exact_greedy = True
 
     def sampling(self, k: int) -> DraftSampling | None:
         """How the draft chooses its k proposals: None = the masked arg-max."""
@@ -221,7 +223,7 @@ def run_step(backend, state: DecodeState, rule, policy, step, stops: set, clock,
     reads, t0 = backend.host_reads, clock()
     if isinstance(step, TreeStep):
         rec, keep = _tree(backend, state, step, clock)
-    elif rule.exact_greedy and rule.readout == "argmax" and backend.device_greedy:
+    elif rule.exact_greedy and backend.device_greedy:
         rec, keep = _device_chain(backend, state, step, clock)
     else:
         rec, keep = _chain(backend, state, rule, step, clock)

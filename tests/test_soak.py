@@ -20,7 +20,7 @@ from runtime.planner import Planner
 
 TOK = Tokenizer.build("ego is cruising at 12 m/s , so keep speed the lead brakes slow down".split())
 T = np.arange(-15, 1) * 0.1
-OPS = ("vision", "prefill", "draft", "verify", "action")
+OPS = ("vision", "prefill", "draft", "verify", "greedy_step", "action")   # greedy_step: the torch backend's device step
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"vision": 10.0, "prefill": 20.0, "draft": 1.0, "verify": 5.0, "action": 15.0}
 

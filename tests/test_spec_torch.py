@@ -42,6 +42,7 @@ def backends():
 class GapRule(GreedyRule):
     """Greedy, reading logits to record the top-2 gap of every chosen token (plain reference)."""
     readout = "logits"
+    exact_greedy = False        # accepts on the host, where it records the gaps
 
     def __init__(self):
         self.gaps = []

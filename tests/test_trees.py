@@ -32,6 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 class GapRule(GreedyRule):
     """Greedy, reading logits to record the top-2 gap of every chosen token (the plain reference)."""
     readout = "logits"
+    exact_greedy = False        # accepts on the host, where it records the gaps
 
     def __init__(self):
         self.gaps = []

@@ -131,7 +131,10 @@ class Pricer:
 class PricedBackend:
     """The backend, with a virtual clock moved by each call's projected cost after the call.
     Everything but the engine calls (vision, or vision_frames under reuse, prefill, draft, verify,
-    action) passes through unchanged."""
+    action) passes through unchanged. Steps take the loop's host path (draft and verify calls, each
+    priced); a device-resident greedy step would run both unpriced."""
+
+    device_greedy = False
 
     def __init__(self, backend, pricer: Pricer, clock: FakeClock, with_draft: bool):
         self._be, self.pricer, self.clock, self.with_draft = backend, pricer, clock, with_draft

@@ -235,7 +235,7 @@ class TorchBackend(Backend):
         self.check_rows(start, ids.shape[1] + k - 1)
         out, qs, feat = [], [], self.feed_features(start, ids.shape[1])
         for i in range(k):
-            logits, hidden = self._draft_step(ids, start, feat)
+            logits, hidden = self.draft_step(ids, start, feat)
             masked = self._masked(logits[0, -1:], start + ids.shape[1])[0]
             if sampling is None:
                 token = int(self.link.down(masked.argmax()))
@@ -285,7 +285,7 @@ class TorchBackend(Backend):
         ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
         n = ids.shape[1]
         self.check_rows(start, n)
-        logits, hidden = self._draft_step(ids, start, self.feed_features(start, n))
+        logits, hidden = self.draft_step(ids, start, self.feed_features(start, n))
         base, K = start + n, shape.topk
         b = TreeBuilder(shape)
         top_ids, top_lp = self._topk(logits[0, -1:], np.array([base]), K)
@@ -403,7 +403,7 @@ class TorchBackend(Backend):
             return self.target.rope(prompt_pos) if prompt_pos is not None else self._text_rope(start, n)
         return self.draft_model.rope(torch.arange(start, start + n, device=self.device)[None])
 
-    def _draft_step(self, ids, start: int, feat):
+    def draft_step(self, ids, start: int, feat):
         if self.graphs is not None:
             return self.graphs.draft(ids, start, feat)
         return self._feed(ids, *self._draft_rope(start, ids.shape[1]), start, feat)

@@ -126,7 +126,7 @@ class DeviceStep:
         be.check_rows(start, ids.shape[1] + k - 1)
         feat = be.feed_features(start, ids.shape[1])
         for i in range(k):
-            logits, hidden = be._draft_step(ids, start, feat)
+            logits, hidden = be.draft_step(ids, start, feat)
             chosen = self.masked(logits[0, -1:], start + ids.shape[1]).argmax(-1)
             self.drafted[i:i + 1].copy_(chosen)
             start, feat = start + ids.shape[1], hidden[:, -1:] if be.fused else None
