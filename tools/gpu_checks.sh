@@ -49,7 +49,7 @@ timeout 45 $PY -m tools.cli profile --checkpoint checkpoints/tiny --device cuda 
 
 if [ -f tools/gpu_checks_kernels.sh ]; then
     step "6. kernels at real sizes, roofline"
-    OUT="$OUT/kernels" PY=$PY timeout 150 bash tools/gpu_checks_kernels.sh 2>&1 | tail -60 | tee "$OUT/kernels.txt"
+    OUT="$OUT" PY=$PY timeout 150 bash tools/gpu_checks_kernels.sh 2>&1 | tail -60 | tee "$OUT/kernels.txt"
 fi
 
 if $PY -c "import tensorrt, cuda.bindings.runtime" 2>/dev/null; then
