@@ -124,3 +124,53 @@ def test_a_restamped_engines_meta_is_refused_unpinned_by_its_graphs_and_pinned_b
     profile.write_text((ROOT / "configs" / "planner" / "cpu.yaml").read_text() + f"\nfingerprint: {fp}\n")
     code, out, err = _plan(["--engines", str(e), "--profile", str(profile), "--out", str(tmp_path / "o2")], capsys)
     assert code == 2 and f"not the {fp} pinned by the planner profile's fingerprint" in err, err
+
+
+def _plant_release(folder):
+    """An Alpamayo-R1 release layout of other (random) weights at the root of `folder`:
+    config.json (model_type alpamayo_r1), sharded safetensors and their index."""
+    import torch
+    from models.action_expert import ActionExpert
+    from models.alpamayo import save_alpamayo
+    from models.config import load_preset
+    from models.target import Target
+
+    cfg = load_preset("tiny")
+    torch.manual_seed(1)
+    save_alpamayo(folder, Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm), cfg,
+                  vlm_name_or_path="other", shard_bytes=2_000_000)
+
+
+def test_a_checkpoint_folder_with_a_release_planted_at_its_root_is_refused(tiny, tmp_path, capsys):
+    """Issue 50, 1: a copy of the checkpoint with a release layout of other weights added at its
+    root chose the release loader (by the root's files) while the fingerprint, over the cards,
+    stayed the checkpoint's: pinned, it ran the other weights. A folder of two kinds is refused,
+    pinned or not, before any cycle."""
+    fp = folder_fingerprint(tiny)
+    c = tmp_path / "c"
+    shutil.copytree(tiny, c)
+    _plant_release(c)
+    assert json.loads((c / "config.json").read_text())["model_type"] == "alpamayo_r1"
+    with pytest.raises(ConfigError, match="two kinds at once.*Allowed: one kind per folder"):
+        folder_fingerprint(c)
+    for pin in (["--expect-fingerprint", fp], []):
+        code, out, err = _plan(["--checkpoint", str(c), "--draft", "none", *pin, "--out", str(tmp_path / "o")],
+                               capsys)
+        assert code == 2 and "two kinds at once" in err and "(pinned)" not in out, (code, out, err)
+        assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match="two kinds at once"):
+        open_backend(ModelSource(checkpoint=c, draft="none"), 512)
+
+
+def test_a_tokenizer_linked_out_of_the_folder_exits_2(tiny, tmp_path, capsys):
+    """Issue 50, 4: a tokenizer.json symlinked to a file outside the folder was a ValueError
+    (exit 1) in the fingerprint; it is refused like a card naming a file outside (exit 2)."""
+    c = tmp_path / "c"
+    shutil.copytree(tiny, c)
+    outside = tmp_path / "tokenizer-elsewhere.json"
+    (c / "tokenizer.json").rename(outside)
+    (c / "tokenizer.json").symlink_to(outside)
+    with pytest.raises(ConfigError, match="links outside .* copy the file into the folder"):
+        folder_fingerprint(c)
+    code, out, err = _plan(["--checkpoint", str(c), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "links outside" in err and "Traceback" not in err, (code, err)
