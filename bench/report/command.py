@@ -38,19 +38,36 @@ def argv_of(command: str) -> list[str]:
 
 
 def load(path: str) -> dict | None:
+    """A results JSON: an object whose stamp, when there is one, is an object; None when missing;
+    else a ConfigError naming what is wrong (not UTF-8, not JSON, nested too deep, another type)."""
     p = Path(path)
     if not p.is_file():
         return None
+    redo = "re-run the command that writes it (bench/report/registry.py) or `specdrive report --run-stale`"
     try:
-        return json.loads(p.read_text())
+        rec = json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e}); allowed: the results JSON its command writes; {redo}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested deeper than a results file is (the reader's limit is "
+                          f"{sys.getrecursionlimit()} levels); allowed: the results JSON its command writes; {redo}") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not JSON ({e}); re-run the command that writes it") from e
+        raise ConfigError(f"{path}: not JSON ({e}); {redo}") from None
+    if not isinstance(rec, dict):
+        raise ConfigError(f"{path}: a JSON {type(rec).__name__}, where a results object belongs; {redo}")
+    if "stamp" in rec and not isinstance(rec["stamp"], dict):
+        raise ConfigError(f"{path}: its stamp is a {type(rec['stamp']).__name__}, where an object (checkpoint, "
+                          f"fingerprint, command, date) belongs; {redo}")
+    return rec
 
 
 def staleness(name: str, current: str) -> str | None:
-    """Why run `name` must run again (a missing JSON, no stamp, another fingerprint), or None."""
+    """Why run `name` must run again (a missing or unreadable JSON, no stamp, another fingerprint), or None."""
     for out in registry.RUNS[name].outputs:
-        rec = load(out)
+        try:
+            rec = load(out)
+        except ConfigError as e:
+            return str(e)
         if rec is None:
             return f"{out} is missing"
         stamp = rec.get("stamp") if isinstance(rec, dict) else None
@@ -108,11 +125,15 @@ def render(tables: list[str], check: bool, current: str) -> int:
         if fp != current:
             problems.append(f"{t}: stamped {', '.join(sorted(str(f)[:12] for f in ({fp} | fps)))}, "
                             f"not checkpoints/tiny's {current[:12]}")
-        body = "\n\n".join(stamp_line(s, out) for out, s in stamps) + "\n\n" + entry.render(records)
+        body = "\n\n".join(stamp_line(s, out) for out, s in stamps) + "\n\n" + _rendered(t, entry, records)
         for f in entry.files:
             texts.setdefault(f, Path(f).read_text())
             texts[f] = replace_block(texts[f], t, fp, body, f)
         print(f"report: {t}: {'checked against' if check else 'rendered into'} {', '.join(entry.files)}", flush=True)
+    if problems and not check:
+        raise ConfigError(f"report: {'; '.join(problems)}: a table is rendered only from results stamped with "
+                          "checkpoints/tiny's fingerprint; nothing was written. Run `specdrive report --run-stale` "
+                          "(or the table's commands), or `specdrive report --check` to see what differs")
     changed = [f for f, text in texts.items() if Path(f).read_text() != text]
     if check:
         for f in changed:
@@ -126,6 +147,19 @@ def render(tables: list[str], check: bool, current: str) -> int:
     for s in others:
         print(f"report: marker not on the shipped checkpoint: {s}", flush=True)
     return 1 if check and (changed or problems) else 0
+
+
+def _rendered(name: str, entry, records: list[dict]) -> str:
+    """The table `name` rendered from `records`, or a ConfigError when they are not what its runs
+    write (another run's JSON, a field missing, a number written as a string)."""
+    try:
+        return entry.render(records)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        runs = [c for r in entry.runs for c in registry.RUNS[r].commands]
+        outs = [o for r in entry.runs for o in registry.RUNS[r].outputs]
+        raise ConfigError(f"table {name!r}: {', '.join(outs)} is not the results JSON its runs write "
+                          f"({type(e).__name__}: {e}); allowed: the JSON of `{' && '.join(runs)}`; re-run it "
+                          "or `specdrive report --run-stale`") from None
 
 
 def run(cfg: ReportRun) -> int:
