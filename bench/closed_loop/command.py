@@ -72,7 +72,7 @@ def run(setup: ClosedLoopRun) -> int:
     stamp = source_stamp(source, fingerprints)
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
     tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0], setup.expect_fingerprint)
-    streaming = backends["flat"].image_attention == "frame_local"
+    streaming = next(iter(backends.values())).image_attention == "frame_local"   # one target for all
     modes = asked or [m for m in MODES if (streaming or m not in STREAM_MODES) and m not in APPROX_MODES]
     configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
