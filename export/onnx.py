@@ -220,7 +220,7 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
     name = draft or ("flat" if "flat" in drafts else next(iter(drafts), None))
     if name not in drafts:
         raise ConfigError(f"--draft {name!r}: {checkpoint} has the drafts {sorted(drafts)}")
-    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target, tok)
+    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target, tok, io.target_sha256(models))
     out.mkdir(parents=True, exist_ok=True)
     shapes = _shapes(mcfg, cfg, tok)
     fused = mcfg.draft.features == "fused"

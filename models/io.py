@@ -286,15 +286,35 @@ def load_models(ckpts: Mapping[str, Path], tok):
         raise ConfigError(f"{main.parent}: no action expert checkpoint (meta.json kind 'expert')")
     load_into(ckpts["expert"], {"expert": expert}, kind="expert")
     if "draft" in ckpts:
-        cfg, draft, _ = load_draft(ckpts["draft"], cfg, target, tok)
+        cfg, draft, _ = load_draft(ckpts["draft"], cfg, target, tok, meta.modules["target"].sha256)
     return cfg, target.eval(), expert.eval(), draft
 
 
-def load_draft(folder, cfg: config_module.ModelConfig, target: Target, tok=None):
+def target_sha256(ckpts: Mapping[str, Path]) -> str | None:
+    """The sha256 of the target weights of {kind: folder} (what a draft trained for them records
+    as target_sha256); None for a release folder ("alpamayo"), whose weights no draft records."""
+    main = ckpts.get("planner") or ckpts.get("target")
+    return None if main is None else read_meta(main).modules["target"].sha256
+
+
+def check_trained_for(folder, meta: CheckpointMeta, target_sha: str | None) -> None:
+    """A draft whose meta.json records target_sha256 of other target weights than `target_sha` is
+    refused, naming both (a draft predicts the weights it was trained against, not these)."""
+    recorded = meta.extra.get("target_sha256")
+    if target_sha is not None and recorded is not None and recorded != target_sha:
+        raise ConfigError(f"{folder}: this draft was trained for the target weights sha256 {recorded}, but the "
+                          f"target here has sha256 {target_sha}; allowed: a draft whose meta.json target_sha256 "
+                          "is the target's (train it again for these weights, or use the draft that came with them)")
+
+
+def load_draft(folder, cfg: config_module.ModelConfig, target: Target, tok=None, target_sha: str | None = None):
     """A draft checkpoint for `target` (sharing its embedding and LM head) -> (cfg with the
-    draft's DraftConfig, draft (eval mode), meta). A reduced-head draft's d2t map is checked
-    against meta.json (draft_vocab, d2t_sha256) and, when `tok` is given, the tokenizer."""
+    draft's DraftConfig, draft (eval mode), meta). `target_sha` (the target weights' sha256,
+    target_sha256()) must be what the draft's meta.json records, when it records one. A
+    reduced-head draft's d2t map is checked against meta.json (draft_vocab, d2t_sha256) and,
+    when `tok` is given, the tokenizer."""
     _, dcfg, meta = load(folder, kind="draft")
+    check_trained_for(folder, meta, target_sha)
     if dcfg.target != cfg.target:
         raise ConfigError(f"{folder}: this draft was trained for a different target (its "
                           "meta.json target config differs from the target checkpoint's)")

@@ -161,7 +161,7 @@ def run(cfg: AARLConfig) -> Path:
     source = ckpt.target_sha256(cfg.target)          # recorded with every checkpoint of the draft
     for p in [*target.parameters(), *expert.parameters()]:
         p.requires_grad_(False)
-    _, policy, meta = io.load_draft(cfg.draft, model_cfg, target)
+    _, policy, meta = io.load_draft(cfg.draft, model_cfg, target, target_sha=source)
     if meta.variant != "flat":
         raise ValueError(f"{cfg.draft}: AARL post-trains the 'flat' draft, this is {meta.variant!r}")
     ref = policy.frozen_copy()
