@@ -39,6 +39,7 @@ from models.action_expert import ActionExpert
 from models.draft import Draft
 from models.names import CheckpointError, check_names  # noqa: F401  (re-exported: io.CheckpointError)
 from models.target import Target
+from models.weight_facts import check_weight_facts, header_metadata
 from prompt.config import ConfigError, file_sha256, from_dict, to_dict
 from prompt.draft_vocab import check_d2t, d2t_sha256
 # read_meta and scan_checkpoints are prompt.artifacts' (io.scan_checkpoints reads a planner folder)
@@ -73,7 +74,7 @@ def save(path, modules: Mapping, config, meta: Mapping) -> Path:
     for name, module in modules.items():
         state = _state_dict(module)
         dtypes |= {_dtype_name(t.dtype) for t in state.values()}
-        entries[name] = _write_module(path, name, state)
+        entries[name] = _write_module(path, name, state, config)
     body = {
         "format": CHECKPOINT_FORMAT, "format_version": FORMAT_VERSION, "kind": kind,
         "config_class": type(config).__name__, "config": to_dict(config),
@@ -104,8 +105,9 @@ def load(path, kind: str | None = None):
         raise CheckpointError(f"{path / META}: unknown kind {meta.kind!r}; allowed kinds are {list(MODEL_KINDS)}")
     if kind is not None and meta.kind != kind:
         raise CheckpointError(f"{path / META}: kind is {meta.kind!r}, expected {kind!r}")
-    states = {name: _read_module(path, name, entry) for name, entry in meta.modules.items()}
-    return states, _build_config(path, meta), meta
+    config = _build_config(path, meta)
+    states = {name: _read_module(path, name, entry, config) for name, entry in meta.modules.items()}
+    return states, config, meta
 
 
 def load_into(path, modules: Mapping[str, torch.nn.Module], kind: str | None = None):
@@ -155,34 +157,35 @@ def _state_dict(module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_module(path: Path, name: str, state: dict) -> dict:
+def _write_module(path: Path, name: str, state: dict, config) -> dict:
     if not name.isidentifier():
         raise CheckpointError(f"module name {name!r} must be a Python identifier (it names a file)")
     file = path / f"{name}.safetensors"
-    safetensors.torch.save_file(state, str(file))
+    safetensors.torch.save_file(state, str(file), metadata=header_metadata(config, name))
     tensors = {k: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for k, t in state.items()}
     return {"file": file.name, "sha256": file_sha256(file), "bytes": file.stat().st_size, "tensors": tensors}
 
 
-def _read_module(path: Path, name: str, entry: ModuleFile) -> dict[str, torch.Tensor]:
+def _read_module(path: Path, name: str, entry: ModuleFile, config) -> dict[str, torch.Tensor]:
     file = path / entry.file
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (meta.json lists it for module {name!r})")
-    _check_complete(file, entry)
+    header = _check_complete(file, entry)
     digest = file_sha256(file)
     if digest != entry.sha256:
         raise CheckpointError(f"{file}: sha256 {digest[:16]}... does not match meta.json "
                               f"({entry.sha256[:16]}...); the file was changed or corrupted")
+    check_weight_facts(file, header, digest, config, name)     # the card's rope/layout against the weights'
     state = safetensors.torch.load_file(str(file))
     listed = {k: torch.empty(v.shape, dtype=_dtype(v.dtype), device="meta") for k, v in entry.tensors.items()}
     check_state(listed, state, str(file))
     return state
 
 
-def _check_complete(file: Path, entry: ModuleFile) -> None:
+def _check_complete(file: Path, entry: ModuleFile) -> dict:
     """A safetensors file is 8 bytes of header length, the JSON header, then the data; a file
     shorter than header + largest data offset is truncated (checked before hashing, for a clear
-    message)."""
+    message). -> the header."""
     size = file.stat().st_size
     expected = entry.bytes
     if expected is not None and size < expected:
@@ -199,6 +202,7 @@ def _check_complete(file: Path, entry: ModuleFile) -> None:
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if size < 8 + n + end:
         raise CheckpointError(f"{file}: truncated, {size} bytes but its header needs {8 + n + end}")
+    return header
 
 
 def _build_config(path: Path, meta: CheckpointMeta):

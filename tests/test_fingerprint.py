@@ -174,3 +174,27 @@ def test_a_tokenizer_linked_out_of_the_folder_exits_2(tiny, tmp_path, capsys):
         folder_fingerprint(c)
     code, out, err = _plan(["--checkpoint", str(c), "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "links outside" in err and "Traceback" not in err, (code, err)
+
+
+def test_an_export_whose_graphs_lost_their_rope_metadata_is_refused_unpinned(tiny_onnx, tmp_path):
+    """Issue 50, 2: graphs with their 'specdrive.rope' metadata stripped (hashes redone) and
+    rope_theta restamped ran unpinned with other reasoning; a graph of this format version without
+    it is refused."""
+    import onnx
+    from prompt.config import file_sha256
+
+    e = tmp_path / "e"
+    shutil.copytree(tiny_onnx, e)
+    meta = json.loads((tiny_onnx / "meta.json").read_text())
+    meta["target"]["rope_theta"] = 1e4
+    for name, g in meta["graphs"].items():
+        model = onnx.load(str(e / g["file"]), load_external_data=False)
+        kept = [p for p in model.metadata_props if p.key != "specdrive.rope"]
+        del model.metadata_props[:]
+        model.metadata_props.extend(kept)
+        onnx.save(model, str(e / g["file"]))
+        g["sha256"] = file_sha256(e / g["file"])
+    (e / "meta.json").write_text(json.dumps(stamp_facts(meta)))
+    with pytest.raises(ConfigError, match=r"no 'specdrive.rope' metadata, which every graph of an ONNX export of "
+                                          r"format version 1 carries.*re-export the folder"):
+        open_backend(ModelSource(engines=e), 512)
