@@ -222,6 +222,8 @@ class PlannerConfig:
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
     fingerprint: str | None = None   # the model folder this profile runs, pinned (prompt/artifacts.py
                                      # folder_fingerprint): another folder is refused (exit 2)
+    require_pin: bool = False        # true: a run whose model folder no pin covers (this fingerprint or
+                                     # --expect-fingerprint) is refused (exit 2), not only said unverified
 
     def __post_init__(self):
         check_types(self)

@@ -198,3 +198,32 @@ def test_an_export_whose_graphs_lost_their_rope_metadata_is_refused_unpinned(tin
     with pytest.raises(ConfigError, match=r"no 'specdrive.rope' metadata, which every graph of an ONNX export of "
                                           r"format version 1 carries.*re-export the folder"):
         open_backend(ModelSource(engines=e), 512)
+
+
+def test_an_unpinned_vehicle_run_says_once_it_is_unverified_and_require_pin_refuses_it(tiny_onnx, tmp_path, capsys):
+    """Issue 50, 2: unpinned, nothing said the folder was unverified. plan --engines and drive
+    say it once, naming the fingerprint to pin; a profile with require_pin: true exits 2; pinned,
+    nothing is said; plan --checkpoint (a development path) says nothing."""
+    from tools.cli import main
+
+    fp = folder_fingerprint(tiny_onnx)
+    code, out, err = _plan(["--engines", str(tiny_onnx), "--out", str(tmp_path / "a")], capsys)
+    assert code == 0 and err.count("is unverified") == 1 and f"--expect-fingerprint {fp}" in err, err
+    code, out, err = _plan(["--engines", str(tiny_onnx), "--expect-fingerprint", fp, "--out", str(tmp_path / "b")],
+                           capsys)
+    assert code == 0 and "unverified" not in err, err
+    code, out, err = _plan(["--checkpoint", str(ROOT / "checkpoints" / "tiny"), "--out", str(tmp_path / "c")], capsys)
+    assert code == 0 and "unverified" not in err, err
+    strict = tmp_path / "strict.yaml"
+    strict.write_text((ROOT / "configs" / "planner" / "cpu.yaml").read_text() + "\nrequire_pin: true\n")
+    code, out, err = _plan(["--engines", str(tiny_onnx), "--profile", str(strict), "--out", str(tmp_path / "d")],
+                           capsys)
+    assert code == 2 and "require_pin: true" in err and f"--expect-fingerprint {fp}" in err, err
+    assert not (tmp_path / "d").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["drive", "--drives", "1", "--seconds", "0.1", "--profile", str(strict), "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "is unverified" in err and "require_pin: true" in err, err
+    assert main(["drive", "--drives", "1", "--seconds", "0.1", "--modes", "plain", "--gifs", "0", "--quiet",
+                 "--out", str(tmp_path / "f")]) == 0
+    assert capsys.readouterr().err.count("is unverified") == 1

@@ -68,7 +68,8 @@ def run(setup: ClosedLoopRun) -> int:
     source = ModelSource(checkpoint=Path(setup.checkpoint), expect_fingerprint=setup.expect_fingerprint)
     fingerprints = announce_fingerprints(source, base.fingerprint,
                                          setup.drives if isinstance(setup.drives, Path) else None,
-                                         setup.expect_drives_fingerprint)
+                                         setup.expect_drives_fingerprint, vehicle=True,
+                                         require_pin=base.require_pin)
     stamp = source_stamp(source, fingerprints)
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
     tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0], setup.expect_fingerprint)
