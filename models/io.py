@@ -3,7 +3,8 @@
     ckpt/
       meta.json            what this is (kind), the config, dtype, every tensor's shape and dtype,
                            sha256 of every file, library versions, the command that made it
-      <module>.safetensors one file per module ("target", "draft", "expert", or "model")
+      <module>.safetensors one file per module ("target", "draft", "expert", or "model"); its header
+                           carries the rope/layout facts the weights compute under (models/weight_facts.py)
 
 What an artifact is comes from its meta.json, never from its path or file names. A checkpoint that
 does not match its meta.json or the module it is loaded into (missing tensor, wrong shape, wrong
