@@ -111,6 +111,7 @@ def quantize_graph(src: Path, dst: Path, samples: list[dict], precision: str, me
         # ModelOpt rewrites the file it is given (shape inference, opset): it gets a copy
         source, info = Path(tmp) / "source.onnx", {}
         model = onnx.load(str(src))
+        props = list(model.metadata_props)      # what the graph was exported for ("specdrive.rope")
         if precision == "int8_sq":
             info["smoothed_matmuls"] = smooth_graph(model, samples, alpha)
         onnx.save(model, str(source))
@@ -135,6 +136,7 @@ def quantize_graph(src: Path, dst: Path, samples: list[dict], precision: str, me
                                   f"{excluded} left in high precision (last failure at {bad!r})")
             excluded.append(bad)
     check_zero_points(model)
+    keep_metadata(model, props)
     dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
     if not dq:
         raise NothingToQuantize(f"{Path(src).name}: nothing in it can be quantized to {precision} here"
@@ -221,6 +223,15 @@ def explicit_zero_points(model: onnx.ModelProto) -> int:
             n.input[2] = zp.name
         added += 1
     return added
+
+
+def keep_metadata(model: onnx.ModelProto, props) -> None:
+    """The source graph's metadata_props entries the quantizer dropped, put back (the runtime
+    refuses a graph without the rotary facts it was exported for)."""
+    have = {p.key for p in model.metadata_props}
+    for prop in props:
+        if prop.key not in have:
+            model.metadata_props.add().CopyFrom(prop)
 
 
 def check_zero_points(model: onnx.ModelProto) -> None:

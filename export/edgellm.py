@@ -238,7 +238,7 @@ def export_edgellm(checkpoint: Path, out: Path, draft: str | None = None, dtype:
     check_target(mcfg, tok)
     models, drafts = io.scan_checkpoints(checkpoint)
     name = pick_draft(drafts, draft, checkpoint)
-    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target, tok)
+    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target, tok, io.target_sha256(models))
     check_draft(mcfg, name)
     out.mkdir(parents=True, exist_ok=True)
     target, expert = target.to(DTYPES[dtype]), expert.to(DTYPES[dtype])

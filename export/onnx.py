@@ -220,7 +220,7 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
     name = draft or ("flat" if "flat" in drafts else next(iter(drafts), None))
     if name not in drafts:
         raise ConfigError(f"--draft {name!r}: {checkpoint} has the drafts {sorted(drafts)}")
-    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target, tok)
+    mcfg, dmodel, _ = io.load_draft(drafts[name], mcfg, target, tok, io.target_sha256(models))
     out.mkdir(parents=True, exist_ok=True)
     shapes = _shapes(mcfg, cfg, tok)
     fused = mcfg.draft.features == "fused"
@@ -333,8 +333,10 @@ def rope_facts(mcfg) -> dict:
     carry them: the graphs take cos/sin as inputs, so a meta.json whose rope fields were edited
     (its facts hash recomputed) would otherwise still load and plan wrong."""
     t, d = mcfg.target.llm, mcfg.draft_llm()
-    return {name: {"head_dim": m.head_dim, "rope_theta": float(m.rope_theta), "mrope_section": list(m.mrope_section),
-                   "interleaved": bool(m.interleaved)} for name, m in (("target", t), ("draft_llm", d))}
+    out = {name: {"head_dim": m.head_dim, "rope_theta": float(m.rope_theta), "mrope_section": list(m.mrope_section),
+                  "interleaved": bool(m.interleaved)} for name, m in (("target", t), ("draft_llm", d))}
+    out["target"]["image_attention"] = t.image_attention     # the image mask the host builds from meta.json
+    return out
 
 
 def _export(module, args, names, dynamic, path: Path, rope: dict | None = None) -> dict:

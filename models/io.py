@@ -3,7 +3,8 @@
     ckpt/
       meta.json            what this is (kind), the config, dtype, every tensor's shape and dtype,
                            sha256 of every file, library versions, the command that made it
-      <module>.safetensors one file per module ("target", "draft", "expert", or "model")
+      <module>.safetensors one file per module ("target", "draft", "expert", or "model"); its header
+                           carries the rope/layout facts the weights compute under (models/weight_facts.py)
 
 What an artifact is comes from its meta.json, never from its path or file names. A checkpoint that
 does not match its meta.json or the module it is loaded into (missing tensor, wrong shape, wrong
@@ -39,6 +40,7 @@ from models.action_expert import ActionExpert
 from models.draft import Draft
 from models.names import CheckpointError, check_names  # noqa: F401  (re-exported: io.CheckpointError)
 from models.target import Target
+from models.weight_facts import check_weight_facts, header_metadata
 from prompt.config import ConfigError, file_sha256, from_dict, to_dict
 from prompt.draft_vocab import check_d2t, d2t_sha256
 # read_meta and scan_checkpoints are prompt.artifacts' (io.scan_checkpoints reads a planner folder)
@@ -73,7 +75,7 @@ def save(path, modules: Mapping, config, meta: Mapping) -> Path:
     for name, module in modules.items():
         state = _state_dict(module)
         dtypes |= {_dtype_name(t.dtype) for t in state.values()}
-        entries[name] = _write_module(path, name, state)
+        entries[name] = _write_module(path, name, state, config)
     body = {
         "format": CHECKPOINT_FORMAT, "format_version": FORMAT_VERSION, "kind": kind,
         "config_class": type(config).__name__, "config": to_dict(config),
@@ -104,8 +106,9 @@ def load(path, kind: str | None = None):
         raise CheckpointError(f"{path / META}: unknown kind {meta.kind!r}; allowed kinds are {list(MODEL_KINDS)}")
     if kind is not None and meta.kind != kind:
         raise CheckpointError(f"{path / META}: kind is {meta.kind!r}, expected {kind!r}")
-    states = {name: _read_module(path, name, entry) for name, entry in meta.modules.items()}
-    return states, _build_config(path, meta), meta
+    config = _build_config(path, meta)
+    states = {name: _read_module(path, name, entry, config) for name, entry in meta.modules.items()}
+    return states, config, meta
 
 
 def load_into(path, modules: Mapping[str, torch.nn.Module], kind: str | None = None):
@@ -155,34 +158,35 @@ def _state_dict(module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_module(path: Path, name: str, state: dict) -> dict:
+def _write_module(path: Path, name: str, state: dict, config) -> dict:
     if not name.isidentifier():
         raise CheckpointError(f"module name {name!r} must be a Python identifier (it names a file)")
     file = path / f"{name}.safetensors"
-    safetensors.torch.save_file(state, str(file))
+    safetensors.torch.save_file(state, str(file), metadata=header_metadata(config, name))
     tensors = {k: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for k, t in state.items()}
     return {"file": file.name, "sha256": file_sha256(file), "bytes": file.stat().st_size, "tensors": tensors}
 
 
-def _read_module(path: Path, name: str, entry: ModuleFile) -> dict[str, torch.Tensor]:
+def _read_module(path: Path, name: str, entry: ModuleFile, config) -> dict[str, torch.Tensor]:
     file = path / entry.file
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (meta.json lists it for module {name!r})")
-    _check_complete(file, entry)
+    header = _check_complete(file, entry)
     digest = file_sha256(file)
     if digest != entry.sha256:
         raise CheckpointError(f"{file}: sha256 {digest[:16]}... does not match meta.json "
                               f"({entry.sha256[:16]}...); the file was changed or corrupted")
+    check_weight_facts(file, header, digest, config, name)     # the card's rope/layout against the weights'
     state = safetensors.torch.load_file(str(file))
     listed = {k: torch.empty(v.shape, dtype=_dtype(v.dtype), device="meta") for k, v in entry.tensors.items()}
     check_state(listed, state, str(file))
     return state
 
 
-def _check_complete(file: Path, entry: ModuleFile) -> None:
+def _check_complete(file: Path, entry: ModuleFile) -> dict:
     """A safetensors file is 8 bytes of header length, the JSON header, then the data; a file
     shorter than header + largest data offset is truncated (checked before hashing, for a clear
-    message)."""
+    message). -> the header."""
     size = file.stat().st_size
     expected = entry.bytes
     if expected is not None and size < expected:
@@ -199,6 +203,7 @@ def _check_complete(file: Path, entry: ModuleFile) -> None:
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if size < 8 + n + end:
         raise CheckpointError(f"{file}: truncated, {size} bytes but its header needs {8 + n + end}")
+    return header
 
 
 def _build_config(path: Path, meta: CheckpointMeta):
@@ -286,15 +291,35 @@ def load_models(ckpts: Mapping[str, Path], tok):
         raise ConfigError(f"{main.parent}: no action expert checkpoint (meta.json kind 'expert')")
     load_into(ckpts["expert"], {"expert": expert}, kind="expert")
     if "draft" in ckpts:
-        cfg, draft, _ = load_draft(ckpts["draft"], cfg, target, tok)
+        cfg, draft, _ = load_draft(ckpts["draft"], cfg, target, tok, meta.modules["target"].sha256)
     return cfg, target.eval(), expert.eval(), draft
 
 
-def load_draft(folder, cfg: config_module.ModelConfig, target: Target, tok=None):
+def target_sha256(ckpts: Mapping[str, Path]) -> str | None:
+    """The sha256 of the target weights of {kind: folder} (what a draft trained for them records
+    as target_sha256); None for a release folder ("alpamayo"), whose weights no draft records."""
+    main = ckpts.get("planner") or ckpts.get("target")
+    return None if main is None else read_meta(main).modules["target"].sha256
+
+
+def check_trained_for(folder, meta: CheckpointMeta, target_sha: str | None) -> None:
+    """A draft whose meta.json records target_sha256 of other target weights than `target_sha` is
+    refused, naming both (a draft predicts the weights it was trained against, not these)."""
+    recorded = meta.extra.get("target_sha256")
+    if target_sha is not None and recorded is not None and recorded != target_sha:
+        raise ConfigError(f"{folder}: this draft was trained for the target weights sha256 {recorded}, but the "
+                          f"target here has sha256 {target_sha}; allowed: a draft whose meta.json target_sha256 "
+                          "is the target's (train it again for these weights, or use the draft that came with them)")
+
+
+def load_draft(folder, cfg: config_module.ModelConfig, target: Target, tok=None, target_sha: str | None = None):
     """A draft checkpoint for `target` (sharing its embedding and LM head) -> (cfg with the
-    draft's DraftConfig, draft (eval mode), meta). A reduced-head draft's d2t map is checked
-    against meta.json (draft_vocab, d2t_sha256) and, when `tok` is given, the tokenizer."""
+    draft's DraftConfig, draft (eval mode), meta). `target_sha` (the target weights' sha256,
+    target_sha256()) must be what the draft's meta.json records, when it records one. A
+    reduced-head draft's d2t map is checked against meta.json (draft_vocab, d2t_sha256) and,
+    when `tok` is given, the tokenizer."""
     _, dcfg, meta = load(folder, kind="draft")
+    check_trained_for(folder, meta, target_sha)
     if dcfg.target != cfg.target:
         raise ConfigError(f"{folder}: this draft was trained for a different target (its "
                           "meta.json target config differs from the target checkpoint's)")

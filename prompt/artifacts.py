@@ -631,32 +631,70 @@ def check_facts(meta: dict, where) -> None:
 
 # --- a folder's fingerprint: what a rewrite of its cards cannot forge --------------------------------
 CARDS = (META, MANIFEST)
-BESIDE = ("tokenizer.json",)         # read with the cards, named by none of them
+BESIDE = ("tokenizer.json", "config.json")   # read with the cards, named by none of them (config.json:
+                                              # a Hugging Face tokenizer's release config, read beside it)
 SHARD_EXTS = (".safetensors", ".json")  # a dataset's "file" names a shard's pair of files
+RELEASE_MODEL_TYPE = "alpamayo_r1"      # an Alpamayo-R1 release: config.json model_type at its root
 
 
 def folder_fingerprint(folder) -> str:
     """sha256 over a folder's cards (meta.json, manifest.json, at its top and in its direct
-    subfolders), the tokenizer.json beside them and every file a card names (any "file" field,
-    a "files" table's keys; a dataset's "file" names its .safetensors and .json): one line
-    "path<TAB>sha256 of the bytes" per file, sorted. Editing any of them, the facts and their
-    hashes together included, changes it; so a fingerprint pinned apart from the folder (a
-    planner profile, --expect-fingerprint) refuses a rewritten folder. A folder with no card (a
-    released Alpamayo-R1 folder) is fingerprinted over every file in it."""
+    subfolders), the files beside them (tokenizer.json, config.json) and every file a card names
+    (any "file" field, a "files" table's keys; a dataset's "file" names its .safetensors and
+    .json): one line "path<TAB>sha256 of the bytes" per file, sorted. Editing any of them, the
+    facts and their hashes together included, changes it; so a fingerprint pinned apart from the
+    folder (a planner profile, --expect-fingerprint) refuses a rewritten folder. A folder with no
+    card (a released Alpamayo-R1 folder) is fingerprinted over every file in it; one that is both
+    (cards and a release's config.json) is refused: a loader would run what the hash left out."""
     root = Path(folder)
     if not root.is_dir():
         raise ConfigError(f"{str(root)!r} is not a folder; nothing to fingerprint")
     base = root.resolve()
-    cards = [d / c for d in [root, *sorted(p for p in root.iterdir() if p.is_dir())] for c in CARDS
-             if (d / c).is_file()]
+    cards = cards_of(root)
+    check_one_kind(root, cards)
     files = {c for c in cards} | {root / b for b in BESIDE if (root / b).is_file()}
     for card in cards:
         for name in _named(read_json(card, "artifact card")):
             files |= _resolve(card, name, base)
     if not cards:
         files = {p for p in root.rglob("*") if p.is_file()}
-    lines = sorted(f"{p.resolve().relative_to(base).as_posix()}\t{_sha256(p)}\n" for p in files)
+    lines = sorted(f"{_inside(p, root, base)}\t{_sha256(p)}\n" for p in files)
     return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def cards_of(root: Path) -> list[Path]:
+    """The cards (meta.json, manifest.json) at the top of `root` and in its direct subfolders."""
+    return [d / c for d in [root, *sorted(p for p in root.iterdir() if p.is_dir())] for c in CARDS
+            if (d / c).is_file()]
+
+
+def is_release_config(folder) -> bool:
+    """Whether FOLDER/config.json is an Alpamayo-R1 release's (model_type alpamayo_r1)."""
+    file = Path(folder) / "config.json"
+    if not file.is_file():
+        return False
+    config = read_json(file, "model config")
+    return isinstance(config, dict) and config.get("model_type") == RELEASE_MODEL_TYPE
+
+
+def check_one_kind(root: Path, cards: list[Path]) -> None:
+    """ConfigError when `root` is two kinds at once: specdrive cards and a release at its root."""
+    if cards and is_release_config(root):
+        named = ", ".join(str(c.relative_to(root)) for c in cards[:3]) + (", ..." if len(cards) > 3 else "")
+        raise ConfigError(f"{root} is two kinds at once: a specdrive folder (cards {named}) and an "
+                          f"Alpamayo-R1 release (config.json model_type {RELEASE_MODEL_TYPE!r} at its root); "
+                          "one loader would run what the other's fingerprint leaves out. Allowed: one kind "
+                          "per folder; move the release files or the specdrive checkpoints to a folder of "
+                          "their own")
+
+
+def _inside(path: Path, root: Path, base: Path) -> str:
+    """`path`'s name relative to the folder, or a ConfigError when it resolves outside (a link)."""
+    target = path.resolve()
+    if not target.is_relative_to(base):
+        raise ConfigError(f"{path} links outside {root} (to {target}); every file a folder's loaders "
+                          "read must lie inside it: copy the file into the folder instead of linking it")
+    return target.relative_to(base).as_posix()
 
 
 def _named(data) -> list:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from prompt.config import ConfigError, read_json
-from prompt.artifacts import (check_fingerprint_text, pinned_fingerprint, read_engines_meta, read_manifest,
+from prompt.config import ConfigError
+from prompt.artifacts import (cards_of, check_fingerprint_text, check_one_kind, is_release_config, pinned_fingerprint, read_engines_meta, read_manifest,
                               read_meta, scan_checkpoints)
 from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, BackendSpec, load_backend
@@ -23,16 +23,14 @@ from runtime.backend import BACKENDS, BackendSpec, load_backend
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-llm")     # run the engines manifest.json lists
 
 
-RELEASE_MODEL_TYPE = "alpamayo_r1"
-
-
 def is_release(folder: Path) -> bool:
-    """An Alpamayo-R1 release folder: no meta.json, config.json says model_type alpamayo_r1."""
+    """An Alpamayo-R1 release folder: config.json says model_type alpamayo_r1 and no card is
+    there (a folder with both is refused: check_one_kind)."""
     folder = Path(folder)
-    if (folder / "meta.json").is_file() or not (folder / "config.json").is_file():
+    if not is_release_config(folder):
         return False
-    config = read_json(folder / "config.json", "model config")
-    return isinstance(config, dict) and config.get("model_type") == RELEASE_MODEL_TYPE
+    check_one_kind(folder, cards_of(folder))
+    return True
 
 
 DEFAULT_DRAFT = "flat"   # the draft variant a checkpoint folder runs with unless --draft says

@@ -29,11 +29,18 @@ TREE_NODES_LIMIT = 64
 def tree_shape(text: str, what: str = "tree"):
     """A token tree "N,d,K" (nodes, depth, top-K) -> runtime.tree.TreeShape, refused naming what
     is allowed (ConfigError): a malformed text, a depth or top-K of 0, more than TREE_NODES_LIMIT
-    nodes."""
+    nodes, a depth past K_MAX_LIMIT (a tree falls back to the chain of its depth, and the backends
+    draft chains of at most k_max), a top-K past the nodes (children that could never be kept)."""
     from runtime.tree import TreeShape
     shape = TreeShape.parse(text)
     if shape.nodes > TREE_NODES_LIMIT:
         raise ConfigError(f"{what}={text!r}: nodes={shape.nodes} is not allowed; allowed 1..{TREE_NODES_LIMIT}")
+    if shape.depth > K_MAX_LIMIT:
+        raise ConfigError(f"{what}={text!r}: depth={shape.depth} is not allowed; allowed 1..{K_MAX_LIMIT} "
+                          "(a tree falls back to the chain of its depth; chains are at most k_max long)")
+    if shape.topk > shape.nodes:
+        raise ConfigError(f"{what}={text!r}: top-K={shape.topk} is not allowed; allowed 1..nodes={shape.nodes} "
+                          "(no more children can be kept than the tree has nodes)")
     return shape
 
 
@@ -221,6 +228,8 @@ class PlannerConfig:
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
     fingerprint: str | None = None   # the model folder this profile runs, pinned (prompt/artifacts.py
                                      # folder_fingerprint): another folder is refused (exit 2)
+    require_pin: bool = False        # true: a run whose model folder no pin covers (this fingerprint or
+                                     # --expect-fingerprint) is refused (exit 2), not only said unverified
 
     def __post_init__(self):
         check_types(self)

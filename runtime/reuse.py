@@ -134,14 +134,16 @@ class VisionCache:
             else:
                 changed += hit is not None      # a known identity with other pixels: encoded afresh
                 todo.append(i)
-        if todo:
-            for i, f in zip(todo, backend.vision_frames(flat[todo])):
-                frames[i] = Frame(digests[i], f)
-                self.entries[keys[i]] = frames[i]
-                self.entries.move_to_end(keys[i])
-        self.frames = frames
-        backend.use_vision([f.features for f in frames])
-        self._evict(keys if keys is not digests else None)
+        try:
+            if todo:
+                for i, f in zip(todo, backend.vision_frames(flat[todo])):
+                    frames[i] = Frame(digests[i], f)
+                    self.entries[keys[i]] = frames[i]
+                    self.entries.move_to_end(keys[i])
+            self.frames = frames
+            backend.use_vision([f.features for f in frames])
+        finally:                 # a failed call leaves the cache within max_frames too
+            self._evict(keys if keys is not digests else None)
         return {"reused": len(flat) - len(todo), "encoded": len(todo), "changed": changed}
 
     def _evict(self, keys: list | None) -> None:

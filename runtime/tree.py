@@ -54,11 +54,14 @@ class TreeShape:
     @classmethod
     def parse(cls, text: str) -> "TreeShape":
         """'N,d,K' (nodes, depth, top-K) -> TreeShape."""
-        parts = str(text).split(",")
+        parts = [p.strip() for p in str(text).split(",")]
         try:
+            if not all(p.isascii() and p.isdigit() for p in parts):   # int() also reads other scripts' digits
+                raise ValueError(text)
             n, d, k = (int(p) for p in parts)
         except ValueError:
-            raise ConfigError(f"tree {text!r}: expected N,d,K (nodes, depth, top-K), e.g. 16,6,4") from None
+            raise ConfigError(f"tree {text!r}: expected N,d,K (nodes, depth, top-K), e.g. 16,6,4; allowed: "
+                              "three whole numbers in ASCII digits") from None
         return cls(n, d, k)
 
     def __str__(self) -> str:

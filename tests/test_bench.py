@@ -268,3 +268,30 @@ def test_an_aa_control_is_the_longest_chain_again_and_its_gap_is_the_runs_noise(
     rec["modes"][-1]["decode_speedup"]["all"] = 99.0            # a copy that would be the fastest
     assert not report.best_mode(rec).endswith("(A/A)")
     assert any("A/A control: exact k=5" in line for line in report.aa_lines(rec))
+
+
+class _FailingDraft(TableBackend):
+    """A draft whose every call fails: its modes have no successful reasoning."""
+    def draft(self, tokens, start: int, k: int, sampling=None):
+        raise RuntimeError("draft failed (test)")
+
+
+def test_a_mode_with_no_successful_cycle_shows_a_dash_and_the_plot_is_drawn(tok, tmp_path):
+    """Issue 50, 4: a mode whose every cycle failed crashed the plot (TypeError) after the whole
+    run and wrote no JSON; the table and the plot show '-' for what it did not measure."""
+    from bench.speedup import report
+
+    clock = FakeClock()
+    costs = {"vision": 5.0, "prefill": 20.0, "action": 7.0, "draft": T_DRAFT, "verify": verify_ms}
+    broken = _FailingDraft(vocab_size=len(tok), max_len=1024, seed=3, stop_id=tok.cot_end, stop_slope=0.3,
+                           clock=clock, costs=costs)
+    cfg = BenchConfig(scenes=2, seed=11, repeats=1, warmup=0, ks=(2,), adaptive=False, deadline_ms=0.0)
+    modes = make_modes({"broken": broken}, table(tok, clock), cfg)
+    rec = run_bench(modes, bench_scenes(cfg), tok, PlannerConfig(max_reasoning_tokens=24), cfg, clock=clock)
+    m = next(x for x in rec["modes"] if x["name"] == "broken k=2")
+    assert m["decode_speedup"]["all"] is None and m["errors"] + m["identical"]["scenes"] > 0, m
+    row = next(line for line in report.table(rec).splitlines() if line.startswith("broken k=2"))
+    assert " - " in row, row
+    assert "| broken k=2 |" in report.markdown_table(rec)
+    report.plot_bench(tmp_path / "b.png", rec)
+    assert (tmp_path / "b.png").stat().st_size > 0

@@ -92,6 +92,9 @@ def test_self_draft_accepts_everything(preset, tmp_path):
     (["--preset", "tiny", "--random-init", "0", "--trees", "16,8,4;8,0,2"], "depth=0 is not allowed"),
     (["--preset", "tiny", "--random-init", "0", "--trees", "99,8,4"], "allowed 1..64"),
     (["--preset", "tiny", "--random-init", "0", "--trees", "16,8"], "expected N,d,K"),
+    # issue 50, 5: a drives pin without a drives folder was ignored
+    (["--preset", "tiny", "--random-init", "0", "--expect-drives-fingerprint", "0" * 64],
+     "--expect-drives-fingerprint pins the --drives folder, and no --drives was given"),
 ])
 def test_bad_arguments_exit_2_naming_the_value(args, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -319,3 +320,15 @@ def test_streaming_through_the_priced_backend_is_exact_and_prices_only_the_new_b
     full, streamed = runs["speculative+reuse"][1], runs["speculative+stream"][1]
     assert streamed[5] == pytest.approx(lat.pricer.ms("image_blocks", 4) + lat.pricer.ms("prefill_streamed", 1, 4))
     assert streamed[5] < full[5], (streamed, full)
+
+
+def test_plain_modes_alone_run_without_a_draft_backend(tmp_path, capsys):
+    """Issue 50, 4: `drive --modes plain` opened only the plain backend and then read
+    backends["flat"] (KeyError). Modes without a draft run on their own."""
+    from tools.cli import main
+
+    code = main(["drive", "--drives", "1", "--seconds", "0.1", "--modes", "plain,plain+budget", "--gifs", "0",
+                 "--quiet", "--out", str(tmp_path / "o")])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "o" / "measured" / "drives.json").read_text())
+    assert list(result["modes"]) == ["plain", "plain+budget"] and len(result["records"]) == 2

@@ -124,3 +124,106 @@ def test_a_restamped_engines_meta_is_refused_unpinned_by_its_graphs_and_pinned_b
     profile.write_text((ROOT / "configs" / "planner" / "cpu.yaml").read_text() + f"\nfingerprint: {fp}\n")
     code, out, err = _plan(["--engines", str(e), "--profile", str(profile), "--out", str(tmp_path / "o2")], capsys)
     assert code == 2 and f"not the {fp} pinned by the planner profile's fingerprint" in err, err
+
+
+def _plant_release(folder):
+    """An Alpamayo-R1 release layout of other (random) weights at the root of `folder`:
+    config.json (model_type alpamayo_r1), sharded safetensors and their index."""
+    import torch
+    from models.action_expert import ActionExpert
+    from models.alpamayo import save_alpamayo
+    from models.config import load_preset
+    from models.target import Target
+
+    cfg = load_preset("tiny")
+    torch.manual_seed(1)
+    save_alpamayo(folder, Target(cfg.target), ActionExpert(cfg.expert, cfg.target.llm), cfg,
+                  vlm_name_or_path="other", shard_bytes=2_000_000)
+
+
+def test_a_checkpoint_folder_with_a_release_planted_at_its_root_is_refused(tiny, tmp_path, capsys):
+    """Issue 50, 1: a copy of the checkpoint with a release layout of other weights added at its
+    root chose the release loader (by the root's files) while the fingerprint, over the cards,
+    stayed the checkpoint's: pinned, it ran the other weights. A folder of two kinds is refused,
+    pinned or not, before any cycle."""
+    fp = folder_fingerprint(tiny)
+    c = tmp_path / "c"
+    shutil.copytree(tiny, c)
+    _plant_release(c)
+    assert json.loads((c / "config.json").read_text())["model_type"] == "alpamayo_r1"
+    with pytest.raises(ConfigError, match="two kinds at once.*Allowed: one kind per folder"):
+        folder_fingerprint(c)
+    for pin in (["--expect-fingerprint", fp], []):
+        code, out, err = _plan(["--checkpoint", str(c), "--draft", "none", *pin, "--out", str(tmp_path / "o")],
+                               capsys)
+        assert code == 2 and "two kinds at once" in err and "(pinned)" not in out, (code, out, err)
+        assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match="two kinds at once"):
+        open_backend(ModelSource(checkpoint=c, draft="none"), 512)
+
+
+def test_a_tokenizer_linked_out_of_the_folder_exits_2(tiny, tmp_path, capsys):
+    """Issue 50, 4: a tokenizer.json symlinked to a file outside the folder was a ValueError
+    (exit 1) in the fingerprint; it is refused like a card naming a file outside (exit 2)."""
+    c = tmp_path / "c"
+    shutil.copytree(tiny, c)
+    outside = tmp_path / "tokenizer-elsewhere.json"
+    (c / "tokenizer.json").rename(outside)
+    (c / "tokenizer.json").symlink_to(outside)
+    with pytest.raises(ConfigError, match="links outside .* copy the file into the folder"):
+        folder_fingerprint(c)
+    code, out, err = _plan(["--checkpoint", str(c), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "links outside" in err and "Traceback" not in err, (code, err)
+
+
+def test_an_export_whose_graphs_lost_their_rope_metadata_is_refused_unpinned(tiny_onnx, tmp_path):
+    """Issue 50, 2: graphs with their 'specdrive.rope' metadata stripped (hashes redone) and
+    rope_theta restamped ran unpinned with other reasoning; a graph of this format version without
+    it is refused."""
+    import onnx
+    from prompt.config import file_sha256
+
+    e = tmp_path / "e"
+    shutil.copytree(tiny_onnx, e)
+    meta = json.loads((tiny_onnx / "meta.json").read_text())
+    meta["target"]["rope_theta"] = 1e4
+    for name, g in meta["graphs"].items():
+        model = onnx.load(str(e / g["file"]), load_external_data=False)
+        kept = [p for p in model.metadata_props if p.key != "specdrive.rope"]
+        del model.metadata_props[:]
+        model.metadata_props.extend(kept)
+        onnx.save(model, str(e / g["file"]))
+        g["sha256"] = file_sha256(e / g["file"])
+    (e / "meta.json").write_text(json.dumps(stamp_facts(meta)))
+    with pytest.raises(ConfigError, match=r"no 'specdrive.rope' metadata, which every graph of an ONNX export of "
+                                          r"format version 1 carries.*re-export the folder"):
+        open_backend(ModelSource(engines=e), 512)
+
+
+def test_an_unpinned_vehicle_run_says_once_it_is_unverified_and_require_pin_refuses_it(tiny_onnx, tmp_path, capsys):
+    """Issue 50, 2: unpinned, nothing said the folder was unverified. plan --engines and drive
+    say it once, naming the fingerprint to pin; a profile with require_pin: true exits 2; pinned,
+    nothing is said; plan --checkpoint (a development path) says nothing."""
+    from tools.cli import main
+
+    fp = folder_fingerprint(tiny_onnx)
+    code, out, err = _plan(["--engines", str(tiny_onnx), "--out", str(tmp_path / "a")], capsys)
+    assert code == 0 and err.count("is unverified") == 1 and f"--expect-fingerprint {fp}" in err, err
+    code, out, err = _plan(["--engines", str(tiny_onnx), "--expect-fingerprint", fp, "--out", str(tmp_path / "b")],
+                           capsys)
+    assert code == 0 and "unverified" not in err, err
+    code, out, err = _plan(["--checkpoint", str(ROOT / "checkpoints" / "tiny"), "--out", str(tmp_path / "c")], capsys)
+    assert code == 0 and "unverified" not in err, err
+    strict = tmp_path / "strict.yaml"
+    strict.write_text((ROOT / "configs" / "planner" / "cpu.yaml").read_text() + "\nrequire_pin: true\n")
+    code, out, err = _plan(["--engines", str(tiny_onnx), "--profile", str(strict), "--out", str(tmp_path / "d")],
+                           capsys)
+    assert code == 2 and "require_pin: true" in err and f"--expect-fingerprint {fp}" in err, err
+    assert not (tmp_path / "d").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["drive", "--drives", "1", "--seconds", "0.1", "--profile", str(strict), "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "is unverified" in err and "require_pin: true" in err, err
+    assert main(["drive", "--drives", "1", "--seconds", "0.1", "--modes", "plain", "--gifs", "0", "--quiet",
+                 "--out", str(tmp_path / "f")]) == 0
+    assert capsys.readouterr().err.count("is unverified") == 1

@@ -222,14 +222,17 @@ def test_max_len_and_image_shape_must_match_the_export(engines):
 
 
 def _plan_exit(engines, tmp_path, capsys):
-    """`specdrive plan --engines DIR` on one scene -> (exit status, stderr lines)."""
+    """`specdrive plan --engines DIR` on one scene, unpinned -> (exit status, stderr lines but the
+    one that says the folder is unverified)."""
     from tools.cli import main
     try:
         code = main(["plan", "--engines", str(engines), "--scenes", "1", "--out", str(tmp_path / "o"),
                      "--quiet", "--pictures", "0"])
     except SystemExit as e:
         code = e.code
-    return code, capsys.readouterr().err.strip().splitlines()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert sum("is unverified" in line for line in lines) == 1, lines
+    return code, [line for line in lines if "is unverified" not in line]
 
 
 def test_an_edited_meta_value_exits_2_naming_the_field(engines, tmp_path, capsys):

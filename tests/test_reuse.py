@@ -270,3 +270,22 @@ def test_the_projection_of_a_drive_encodes_new_frames_only_and_prices_lookup_ste
     assert d0["speculative"]["reasoning_ms"] == pytest.approx(steps * (4 * st["draft_step"] + st["verify_5"]))
     with pytest.raises(ConfigError, match="lookup_share"):
         Workload(lookup_share=1.5)
+
+
+class _FailingUse:
+    """A backend double: encodes frames, then fails to take them (a failed vision call)."""
+    def vision_frames(self, frames):
+        return [object() for _ in frames]
+
+    def use_vision(self, features):
+        raise RuntimeError("vision failed (test)")
+
+
+def test_a_failed_vision_call_leaves_the_cache_within_its_limit():
+    """Issue 50, 5: after a failed vision call the cache held 35 entries against a limit of 32
+    until the next cycle."""
+    cache = VisionCache(max_frames=4)
+    images = np.arange(6 * 2 * 2 * 3, dtype=np.uint8).reshape(6, 2, 2, 3)     # 6 distinct frames
+    with pytest.raises(RuntimeError, match="vision failed"):
+        cache.encode(_FailingUse(), images, None)
+    assert len(cache.entries) <= 4, len(cache.entries)

@@ -166,10 +166,29 @@ def test_the_builder_keeps_a_tree_of_the_best_scored_candidates():
 
 
 @pytest.mark.parametrize("text, match", [("0,1,1", "nodes=0"), ("8,0,2", "depth=0"), ("8,2,0", "topk=0"),
-                                         ("4,8,2", "at most 4 deep"), ("8,2", "N,d,K"), ("99,4,2", "1..64")])
+                                         ("4,8,2", "at most 4 deep"), ("8,2", "N,d,K"), ("99,4,2", "1..64"),
+                                         # issue 50: deeper than the chains the backends draft, more
+                                         # children than nodes, digits of other scripts
+                                         ("17,17,1", r"depth=17 is not allowed; allowed 1\.\.16"),
+                                         ("64,64,1", r"depth=64 is not allowed; allowed 1\.\.16"),
+                                         ("16,8,17", r"top-K=17 is not allowed; allowed 1\.\.nodes=16"),
+                                         ("\uff11\uff16,8,4", "N,d,K"), ("16,\u0668,4", "N,d,K")])
 def test_bad_tree_shapes_are_refused_naming_what_is_allowed(text, match):
     with pytest.raises(ConfigError, match=match):
         SpecConfig(tree=text)
+
+
+def test_bench_refuses_a_tree_deeper_than_the_backends_draft_with_exit_2(tmp_path, capsys):
+    """Issue 50, 4: --trees 17,17,1 passed validation, every cycle failed and the plot crashed."""
+    from tools.cli import main
+
+    for trees in ("17,17,1", "64,64,1", "16,8,4;\uff11\uff17,8,4"):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "--preset", "tiny", "--random-init", "0", "--trees", trees,
+                  "--json", str(tmp_path / "b.json")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--trees" in err and "allowed" in err and "Traceback" not in err, err
+        assert not (tmp_path / "b.json").exists()
 
 
 def test_sampling_keeps_chains():

@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     """The parsed arguments -> the typed config of one bench or one drives bench -> its library."""
     if args.drives is not None:     # whole drives, reuse against none
         return whole_drives.run(drives_run(args))
+    if args.expect_drives_fingerprint is not None:
+        raise ConfigError("--expect-drives-fingerprint pins the --drives folder, and no --drives was given; "
+                          "allowed: both (a drives bench) or neither (a scenes bench)")
     return speedup.run(speedup_run(args))
 
 

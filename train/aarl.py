@@ -256,7 +256,7 @@ def run(cfg: AARLConfig) -> Path:
         p.requires_grad_(False)
     target.to(dev)
     expert.to(dev)
-    _, policy, meta = io.load_draft(cfg.draft, model_cfg, target)
+    _, policy, meta = io.load_draft(cfg.draft, model_cfg, target, target_sha=source)
     policy.to(dev)
     if meta.variant != "flat":
         raise ValueError(f"{cfg.draft}: AARL post-trains the 'flat' draft, this is {meta.variant!r}")

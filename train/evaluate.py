@@ -259,8 +259,9 @@ def run(cfg: EvalConfig) -> str:
     dev = loop.device(cfg.device)
     target.to(dev)
     expert.to(dev)
-    drafts = {name: io.load_draft(_draft_path(cfg.planner, name), model_cfg, target)[1].to(dev) for name in cfg.drafts
-              if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
+    sha = io.target_sha256(io.scan_checkpoints(cfg.planner)[0])
+    drafts = {name: io.load_draft(_draft_path(cfg.planner, name), model_cfg, target, target_sha=sha)[1].to(dev)
+              for name in cfg.drafts if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
     from prompt.stamp import results_stamp
 
     results = {"stamp": results_stamp(cfg.planner), "planner": cfg.planner, "k": cfg.k, "splits": {}}

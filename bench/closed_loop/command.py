@@ -68,11 +68,12 @@ def run(setup: ClosedLoopRun) -> int:
     source = ModelSource(checkpoint=Path(setup.checkpoint), expect_fingerprint=setup.expect_fingerprint)
     fingerprints = announce_fingerprints(source, base.fingerprint,
                                          setup.drives if isinstance(setup.drives, Path) else None,
-                                         setup.expect_drives_fingerprint)
+                                         setup.expect_drives_fingerprint, vehicle=True,
+                                         require_pin=base.require_pin)
     stamp = source_stamp(source, fingerprints)
     cases = drive_cases(setup.drives, setup.split, setup.seconds, setup.seed)
     tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0], setup.expect_fingerprint)
-    streaming = backends["flat"].image_attention == "frame_local"
+    streaming = next(iter(backends.values())).image_attention == "frame_local"   # one target for all
     modes = asked or [m for m in MODES if (streaming or m not in STREAM_MODES) and m not in APPROX_MODES]
     configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
     for lat, budget_ms, cfgs in zip(latencies, budgets, configs):

@@ -6,6 +6,7 @@ the shipped runtime never imports it.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,11 +71,13 @@ def _plan_scene(s, name: str) -> PlanScene:
 
 
 def announce_fingerprints(src, profile_pin: str | None = None, drives: Path | None = None,
-                          expect_drives: str | None = None) -> dict:
+                          expect_drives: str | None = None, vehicle: bool = False, require_pin: bool = False) -> dict:
     """Before a run: the fingerprint of every folder it reads (the model folder, a drives folder),
     printed and checked against its pins (--expect-fingerprint or the profile's `fingerprint`,
     --expect-drives-fingerprint): ConfigError (exit 2) before anything runs when one differs.
-    Returns {folder: fingerprint} for the run's record."""
+    An unpinned model folder is refused with `require_pin` (the profile's), and on a vehicle path
+    (plan --engines, drive) said once to be unverified. Returns {folder: fingerprint} for the
+    run's record."""
     from prompt.artifacts import pinned_fingerprint
     from runtime.artifacts import source_fingerprint
 
@@ -82,13 +85,26 @@ def announce_fingerprints(src, profile_pin: str | None = None, drives: Path | No
     fp = source_fingerprint(src, profile_pin)
     if fp is not None:
         out[str(src.folder)] = fp
-        print(f"fingerprint {src.folder}: {fp}" + (" (pinned)" if src.expect_fingerprint or profile_pin else ""),
-              flush=True)
+        pinned = bool(src.expect_fingerprint or profile_pin)
+        print(f"fingerprint {src.folder}: {fp}" + (" (pinned)" if pinned else ""), flush=True)
+        if not pinned and (vehicle or require_pin):
+            _unpinned(src.folder, fp, require_pin)
     if drives is not None:
         out[str(drives)] = pinned_fingerprint(drives, ("--expect-drives-fingerprint", expect_drives),
                                               what="drives folder")
         print(f"fingerprint {drives}: {out[str(drives)]}" + (" (pinned)" if expect_drives else ""), flush=True)
     return out
+
+
+def _unpinned(folder, fp: str, require_pin: bool) -> None:
+    """An unpinned model folder: ConfigError with require_pin, else one line on stderr."""
+    what = (f"{folder} is unverified: no pin covers it, so its cards, weights and graphs are whatever the folder "
+            f"holds now; pin the fingerprint it has now, if it is the folder you checked: --expect-fingerprint "
+            f"{fp} (or `fingerprint: {fp}` in the planner profile)")
+    if require_pin:
+        raise ConfigError(f"{what}; the planner profile has require_pin: true, so an unpinned run is refused")
+    print(f"warning: {what}; `require_pin: true` in the profile refuses an unpinned run", file=sys.stderr,
+          flush=True)
 
 
 def source_stamp(src, fingerprints: dict, command: str | None = None) -> dict:

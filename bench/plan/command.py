@@ -74,7 +74,8 @@ def planner_config(setup: PlanRun):
 def run(setup: PlanRun) -> int:
     cfg = planner_config(setup)
     check_scene_cameras(cfg)
-    announce_fingerprints(setup.source, cfg.fingerprint)
+    announce_fingerprints(setup.source, cfg.fingerprint, vehicle=setup.source.engines is not None,
+                          require_pin=cfg.require_pin)
     backend, tok = open_backend(setup.source, cfg.max_len, default_tokenizer, k_max=cfg.spec.k_max)
     setup.out.mkdir(parents=True, exist_ok=True)
     planner = Planner(backend, tok, cfg)

@@ -41,26 +41,43 @@ def argv_of(command: str) -> list[str]:
 
 
 def load(path: str) -> dict | None:
+    """A results JSON: an object whose stamp, when there is one, is an object; None when missing;
+    else a ConfigError naming what is wrong (not UTF-8, not JSON, nested too deep, another type)."""
     p = Path(path)
     if not p.is_file():
         return None
+    redo = "re-run the command that writes it (bench/report/registry.py) or `specdrive report --run-stale`"
     try:
-        return json.loads(p.read_text())
+        rec = json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e}); allowed: the results JSON its command writes; {redo}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested deeper than a results file is (the reader's limit is "
+                          f"{sys.getrecursionlimit()} levels); allowed: the results JSON its command writes; {redo}") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not JSON ({e}); re-run the command that writes it") from e
+        raise ConfigError(f"{path}: not JSON ({e}); {redo}") from None
+    if not isinstance(rec, dict):
+        raise ConfigError(f"{path}: a JSON {type(rec).__name__}, where a results object belongs; {redo}")
+    if "stamp" in rec and not isinstance(rec["stamp"], dict):
+        raise ConfigError(f"{path}: its stamp is a {type(rec['stamp']).__name__}, where an object (checkpoint, "
+                          f"fingerprint, command, date) belongs; {redo}")
+    return rec
 
 
 def staleness(name: str, current: str) -> str | None:
-    """Why run `name` must run again (no JSON of its own and no committed summary, no stamp,
-    another fingerprint), or None. The run's own JSONs are judged when they are all there, else
-    results/NAME.json."""
+    """Why run `name` must run again (no JSON of its own and no committed summary, an unreadable
+    JSON, no stamp, another fingerprint), or None. The run's own JSONs are judged when they are
+    all there, else results/NAME.json."""
     outputs = registry.RUNS[name].outputs
-    recs = full_records(name)
+    try:
+        recs = full_records(name)
+    except ConfigError as e:
+        return str(e)
     where = list(outputs)
     if recs is None:
         recs, where = summary.read(name, outputs), [str(summary.path_of(name))] * len(outputs)
         if recs is None:
-            return f"{' and '.join(o for o in outputs if load(o) is None)} is missing (and no {summary.path_of(name)})"
+            return f"{' and '.join(o for o in outputs if not Path(o).is_file())} is missing (and no {summary.path_of(name)})"
     for out, rec in zip(where, recs):
         stamp = rec.get("stamp") if isinstance(rec, dict) else None
         if not isinstance(stamp, dict):
@@ -105,18 +122,28 @@ def full_records(run: str) -> list[dict] | None:
     return None if any(r is None for r in recs) else recs
 
 
-def summaries(tables: list[str], check: bool) -> tuple[dict, list[str]]:
+def summaries(tables: list[str], check: bool, current: str) -> tuple[dict, list[str]]:
     """{run: [summary per output]} for every run the tables read: cut from the run's own JSONs where
     they are all there (results/RUN.json rewritten unless check), else results/RUN.json as
     committed. Also the summary files that would change (check) or changed."""
     wanted = list(dict.fromkeys(r for t in tables for r in registry.TABLES[t].runs))
     full = {r: recs for r in wanted if (recs := full_records(r)) is not None}
+    stale = [why for r in full if (why := staleness(r, current)) is not None]
+    if stale and not check:
+        raise ConfigError(f"report: {'; '.join(stale)}: a summary is cut only from results stamped with "
+                          "checkpoints/tiny's fingerprint; nothing was written. Run `specdrive report --run-stale` "
+                          "(or the run's commands), or `specdrive report --check` to see what differs")
     readers = {n: t for n, t in registry.TABLES.items() if set(t.runs) & set(full)}
     around = {r for t in readers.values() for r in t.runs} | set(wanted)
     records = {r: full.get(r) or summary.read(r, registry.RUNS[r].outputs) for r in around}
     records = {r: recs for r, recs in records.items() if recs is not None}
-    cut = summary.summarize(records, {n: (t.runs, t.render) for n, t in readers.items()
-                                      if all(r in records for r in t.runs)})
+    try:
+        cut = summary.summarize(records, {n: (t.runs, t.render) for n, t in readers.items()
+                                          if all(r in records for r in t.runs)})
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        outs = [o for r in sorted(full) for o in registry.RUNS[r].outputs]
+        raise ConfigError(f"report: {', '.join(outs)} is not the results JSON its runs write ({type(e).__name__}: "
+                          f"{e}); allowed: each run's own JSON; re-run it or `specdrive report --run-stale`") from None
     out, changed = {r: records[r] for r in wanted if r in records}, []
     for r in full:
         text, path = summary.document(r, registry.RUNS[r].outputs, cut[r]), summary.path_of(r)
@@ -131,7 +158,7 @@ def summaries(tables: list[str], check: bool) -> tuple[dict, list[str]]:
 
 def render(tables: list[str], check: bool, current: str) -> int:
     texts, problems = {}, []
-    records_of, changed_summaries = summaries(tables, check)
+    records_of, changed_summaries = summaries(tables, check, current)
     for f in changed_summaries:
         print(f"report: {f} {'would change' if check else 'written'}: cut from the run's own JSON", flush=True)
     for t in tables:
@@ -154,11 +181,15 @@ def render(tables: list[str], check: bool, current: str) -> int:
         if fp != current:
             problems.append(f"{t}: stamped {', '.join(sorted(str(f)[:12] for f in ({fp} | fps)))}, "
                             f"not checkpoints/tiny's {current[:12]}")
-        body = "\n\n".join(stamp_line(s, out) for out, s in stamps) + "\n\n" + entry.render(records)
+        body = "\n\n".join(stamp_line(s, out) for out, s in stamps) + "\n\n" + _rendered(t, entry, records)
         for f in entry.files:
             texts.setdefault(f, Path(f).read_text())
             texts[f] = replace_block(texts[f], t, fp, body, f)
         print(f"report: {t}: {'checked against' if check else 'rendered into'} {', '.join(entry.files)}", flush=True)
+    if problems and not check:
+        raise ConfigError(f"report: {'; '.join(problems)}: a table is rendered only from results stamped with "
+                          "checkpoints/tiny's fingerprint; nothing was written. Run `specdrive report --run-stale` "
+                          "(or the table's commands), or `specdrive report --check` to see what differs")
     changed = [f for f, text in texts.items() if Path(f).read_text() != text]
     if check:
         for f in changed:
@@ -172,6 +203,19 @@ def render(tables: list[str], check: bool, current: str) -> int:
     for s in others:
         print(f"report: marker not on the shipped checkpoint: {s}", flush=True)
     return 1 if check and (changed or problems or changed_summaries) else 0
+
+
+def _rendered(name: str, entry, records: list[dict]) -> str:
+    """The table `name` rendered from `records`, or a ConfigError when they are not what its runs
+    write (another run's JSON, a field missing, a number written as a string)."""
+    try:
+        return entry.render(records)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        runs = [c for r in entry.runs for c in registry.RUNS[r].commands]
+        outs = [o for r in entry.runs for o in registry.RUNS[r].outputs]
+        raise ConfigError(f"table {name!r}: {', '.join(outs)} is not the results JSON its runs write "
+                          f"({type(e).__name__}: {e}); allowed: the JSON of `{' && '.join(runs)}`; re-run it "
+                          "or `specdrive report --run-stale`") from None
 
 
 def run(cfg: ReportRun) -> int:

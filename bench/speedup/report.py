@@ -18,14 +18,13 @@ def table(record: dict) -> str:
         sp, ident, cyc = m["decode_speedup"], m["identical"], m["cycle_ms"]
         k = m.get("k_mean", 0.0)
         cells = [f"{m['name']:<26}", f"{m['tau']:>5.2f}", f"{k:>4.1f}", _num(m.get("c"), 6, 3),
-                 f"{m['tokens_per_s']['median']:>7.1f}",
-                 f"{sp['all']:>6.2f}x ({sp['min']:.2f}-{sp['max']:.2f})".rjust(18),
+                 _num(m["tokens_per_s"]["median"], 7, 1), _speedup(sp).rjust(18),
                  _num(m.get("ideal_speedup"), 6, 2), _pct(m.get("efficiency")),
                  f"{ident['equal']}/{ident['scenes']}".rjust(7),
-                 f"{m['vision_ms']['p50']:>7.1f}", f"{m['prefill_ms']['p50']:>7.1f}",
-                 f"{m['trajectory_ms']['p50']:>7.1f}",
-                 f"{cyc['p50']:.0f}/{cyc['p99']:.0f}/{cyc['max']:.0f}".rjust(22),
-                 f"{m['cycle_speedup']['p50']:>7.2f}x", _num(m.get("ade_m"), 6, 3),
+                 _num(m["vision_ms"]["p50"], 7, 1), _num(m["prefill_ms"]["p50"], 7, 1),
+                 _num(m["trajectory_ms"]["p50"], 7, 1),
+                 "/".join(_num(cyc[q], 0, 0) for q in ("p50", "p99", "max")).rjust(22),
+                 _num(m["cycle_speedup"]["p50"], 7, 2) + "x", _num(m.get("ade_m"), 6, 3),
                  f"{m['deadline_misses']:>4}"]
         lines.append(" ".join(cells))
     lines += [m["note"] for m in record["modes"] if m.get("note")]
@@ -58,12 +57,13 @@ def markdown_table(record: dict) -> str:
     for m in record["modes"]:
         sp, cs = m["decode_speedup"], m["cycle_speedup"]
         rows.append(f"| {m['name']} | {m['tau']:.2f} | {m.get('k_mean', 0):.1f} | {_num(m.get('c'), 0, 3)} "
-                    f"| {m['tokens_per_s']['median']:.0f} | {sp['all']:.2f}x ({sp['min']:.2f}-{sp['max']:.2f}) "
+                    f"| {_num(m['tokens_per_s']['median'], 0, 0)} | {_speedup(sp).strip()} "
                     f"| {_num(m.get('ideal_speedup'), 0, 2)} | {_pct(m.get('efficiency')).strip()} "
                     f"| {m['identical']['equal']}/{m['identical']['scenes']} "
                     f"| {_num(m.get('trajectory_max_diff_m'), 0, 3)} m "
-                    f"| {m['cycle_ms']['p50']:.0f} / {m['cycle_ms']['p99']:.0f} "
-                    f"| {cs['p50']:.2f}x ({cs['min']:.2f}-{cs['max']:.2f}) | {_num(m.get('ade_m'), 0, 3)} "
+                    f"| {_num(m['cycle_ms']['p50'], 0, 0)} / {_num(m['cycle_ms']['p99'], 0, 0)} "
+                    f"| {_speedup({'all': cs['p50'], 'min': cs['min'], 'max': cs['max']}).strip()} "
+                    f"| {_num(m.get('ade_m'), 0, 3)} "
                     f"| {m.get('factors', {}).get('limited_by', '-')} |")
     return "\n".join(rows)
 
@@ -86,7 +86,15 @@ def comparison_table(record: dict, modes: list[str]) -> str:
 
 
 def _num(x, width: int, digits: int) -> str:
-    return ("-" if x is None else f"{x:.{digits}f}").rjust(width)
+    """x to `digits` places, or "-" where a mode measured nothing (no successful cycle: None, NaN)."""
+    return ("-" if x is None or x != x else f"{x:.{digits}f}").rjust(width)
+
+
+def _speedup(sp: dict) -> str:
+    """"2.41x (2.30-2.52)", or "-" for a mode with no successful cycle (no decode speedup)."""
+    if sp["all"] is None:
+        return "-"
+    return f"{sp['all']:>6.2f}x ({_num(sp['min'], 0, 2)}-{_num(sp['max'], 0, 2)})"
 
 
 def _pct(x) -> str:
@@ -105,9 +113,9 @@ def plot_bench(path: Path, record: dict) -> None:
     names = [m["name"] for m in spec]
     y = np.arange(len(spec))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.42 * len(spec)), sharey=True)
-    med = np.array([m["decode_speedup"]["all"] for m in spec])
-    err = np.array([[max(med[i] - m["decode_speedup"]["min"], 0), max(m["decode_speedup"]["max"] - med[i], 0)]
-                    for i, m in enumerate(spec)]).T
+    med, err = _bars([m["decode_speedup"] for m in spec])
+    names = [n if m["decode_speedup"]["all"] is not None else f"{n} (-: no successful cycle)"
+             for n, m in zip(names, spec)]
     ax1.barh(y, med, xerr=err, color="#3a9a4a", label="measured (all repeats; min-max of repeats)")
     ax1.scatter([m.get("ideal_speedup", 0) for m in spec], y, marker="|", s=300, color="black",
                 label="ideal tau / (k c + v(k+1))", zorder=3)
@@ -117,7 +125,7 @@ def plot_bench(path: Path, record: dict) -> None:
     ax1.set_xlabel("decode-phase speedup over plain target decoding")
     ax1.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
     for j, cls in enumerate(accept_map.CLASSES):
-        taus = [record["where_accepted"][n]["by_class"][cls]["tau"] or 0 for n in names]
+        taus = [record["where_accepted"][m["name"]]["by_class"][cls]["tau"] or 0 for m in spec]
         ax2.barh(y + (j - 0.5) * 0.38, taus, height=0.38, label=cls,
                  color=("#3b6fd4", "#e07b22")[j])
     ax2.set_xlabel("tau (tokens per target pass)")
@@ -126,6 +134,16 @@ def plot_bench(path: Path, record: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _bars(speedups: list[dict]):
+    """(medians, min-max error bars (2, n)) of decode speedups; a mode without one: no bar (0, 0)."""
+    import numpy as np
+
+    med = np.array([sp["all"] or 0.0 for sp in speedups])
+    lo = [sp["min"] if sp["min"] is not None else x for sp, x in zip(speedups, med)]
+    hi = [sp["max"] if sp["max"] is not None else x for sp, x in zip(speedups, med)]
+    return med, np.array([[max(x - a, 0), max(b - x, 0)] for x, a, b in zip(med, lo, hi)]).T
 
 
 def _title(record: dict) -> str:

@@ -351,12 +351,16 @@ def open_sessions(folder: Path, meta: EnginesMeta, device: str, threads: int = 0
 def check_rope(file: Path, sess, meta: EnginesMeta) -> None:
     """The rotary facts a graph was exported with (its metadata "specdrive.rope", export/onnx.py)
     against meta.json's, from which the host builds cos/sin: an edited rope_theta fails here even
-    with its facts hash recomputed. Graphs of older exports carry none and are not checked."""
+    with its facts hash recomputed. Every graph of this format version carries it: one without
+    (stripped, with the hashes redone) is refused."""
     import json
 
     raw = sess.get_modelmeta().custom_metadata_map.get("specdrive.rope")
     if raw is None:
-        return
+        raise ConfigError(f"{file}: no 'specdrive.rope' metadata, which every graph of an ONNX export of format "
+                          f"version {meta.raw.get('format_version')} carries (the rotary facts it was exported for): it was "
+                          "stripped or the graph comes from elsewhere; allowed: the graphs `specdrive export onnx` "
+                          "wrote; re-export the folder")
     try:
         said = json.loads(raw)
     except ValueError:
@@ -364,7 +368,8 @@ def check_rope(file: Path, sess, meta: EnginesMeta) -> None:
     for part, dims in (("target", meta.target), ("draft_llm", meta.draft_llm)):
         want = said.get(part, {}) if isinstance(said, dict) else {}
         have = {"head_dim": dims.head_dim, "rope_theta": float(dims.rope_theta),
-                "mrope_section": list(dims.mrope_section), "interleaved": bool(dims.interleaved)}
+                "mrope_section": list(dims.mrope_section), "interleaved": bool(dims.interleaved),
+                **({"image_attention": dims.image_attention} if part == "target" else {})}
         for key, value in have.items():
             if key in want and want[key] != value:
                 raise ConfigError(f"{file.parent}/meta.json: field '{part}.{key}' = {value!r}, but graph {file.name} "

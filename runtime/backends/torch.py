@@ -464,7 +464,8 @@ def create(spec: BackendSpec) -> TorchBackend:
     elif draft == "none":
         kind, model = "none", None
     elif draft is not None:
-        cfg, model, _ = io.load_draft(draft, cfg, target, tokenizer)
+        sha = io.target_sha256(checkpoints) if checkpoints is not None else None
+        cfg, model, _ = io.load_draft(draft, cfg, target, tokenizer, sha)
     if kind == "routine" and model is None:
         raise ConfigError("the checkpoint has no draft (meta.json kind 'draft'); pass --draft DIR, "
                           "--draft self or --draft none")
