@@ -15,7 +15,7 @@ from prompt.config import ConfigError
 from runtime.adaptive import StepPolicy
 from runtime.backends.torch import TorchBackend, noised_copy
 from runtime.budget import CostModel, CycleBudget
-from runtime.step import Chain, TreeStep
+from runtime.step import Chain, StepRecord, TreeStep
 from runtime.config import BudgetConfig, SpecConfig
 from runtime.backend import PrefillInputs
 from runtime.loop import DecodeState, GreedyRule, decode, generate
@@ -409,6 +409,8 @@ def test_a_tree_step_measures_the_greedy_chain_it_competes_with():
     assert greedy_run(tree, [0, 3]) == (3, 1)        # leaves it at depth 2: rejected at token 2
     assert greedy_run(tree, [1, 4]) == (3, 0)
     assert greedy_run(tree, []) == (3, 0)
-    policy = StepPolicy(CostModel(BudgetConfig()), 4, True, 8, tree=TreeShape(6, 3, 2))
-    policy.observe_chain(*greedy_run(tree, [0, 3]))
+    shape = TreeShape(6, 3, 2)
+    policy = StepPolicy(CostModel(BudgetConfig()), 4, True, 8, tree=shape)
+    policy.record(StepRecord(TreeStep(shape, 3), 3, np.array([10, 13, 15]), 2, 7, 1.0, 2.0, [10, 13, 99],
+                             nodes=6, chain=greedy_run(tree, [0, 3])))
     assert policy.rate.at_risk[0, :3].tolist() == [1.0, 1.0, 0.0] and policy.rate.ended[0, 1] == 1.0
