@@ -140,16 +140,40 @@ def causal_onnx(tiny_onnx, tmp_path_factory):
     """An export of a causal target as the backends read it: the shipped export's meta.json says
     llm.image_attention causal and lists no image_blocks graph (restamped; for the refusals only,
     no inference: the graphs themselves were traced frame-local)."""
+    import json
     import shutil
 
+    import onnx
+
     from folders import edit_meta
+    from prompt.config import file_sha256
 
     out = tmp_path_factory.mktemp("engines") / "tiny-causal-ort"
     shutil.copytree(tiny_onnx, out)
 
+    for graph in out.glob("*.onnx"):     # the graphs' own record of the layout says causal too
+        model = onnx.load(str(graph), load_external_data=False)
+        for prop in model.metadata_props:
+            if prop.key == "specdrive.rope":
+                rope = json.loads(prop.value)
+                rope.get("target", {})["image_attention"] = "causal"
+                prop.value = json.dumps(rope)
+        onnx.save(model, str(graph))
+
+    def rehash(node):
+        if isinstance(node, dict):
+            if "file" in node and "sha256" in node and (out / node["file"]).is_file():
+                node["sha256"] = file_sha256(out / node["file"])
+            for v in node.values():
+                rehash(v)
+        elif isinstance(node, list):
+            for v in node:
+                rehash(v)
+
     def causal(meta):
         meta["target"]["image_attention"] = "causal"
         del meta["graphs"]["image_blocks"]
+        rehash(meta)
     edit_meta(out, causal, restamp=True)
     return out
 

@@ -49,11 +49,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds over all scenes and modes")
     p.add_argument("--warmup", type=int, default=1, help="untimed cycles per mode first")
     p.add_argument("--budget-ms", type=float, default=0.0, help="planner budget in the timed cycles (default 0 = off, so every mode decodes the same tokens)")
-    p.add_argument("--deadline-ms", type=float, default=None, help="cycles longer than this count as "
-                   "deadline misses (default: the profile's budget_ms)")
+    p.add_argument("--deadline-ms", type=float, default=None, help="cycles longer than this count as deadline misses (default: the profile's budget_ms)")
     p.add_argument("--max-reasoning", type=int, default=None, help="reasoning tokens per cycle at most")
-    p.add_argument("--threads", type=count(0, MAX_THREADS), default=1, help="torch CPU threads of this process (0 = torch's "
-                   "default); 1 keeps timings steady on a shared machine")
+    p.add_argument("--threads", type=count(0, MAX_THREADS), default=1, help="torch CPU threads (0 = torch's default); 1 keeps timings steady")
     p.add_argument("--json", type=out_file, required=True, help="where the bench record goes")
     p.add_argument("--plot", type=out_file, help="speedup plot (default: OUT with .png)")
     p.add_argument("--accept-plot", type=out_file, help="where-accepted picture (default: OUT_accept.png)")
@@ -64,8 +62,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cycles", type=count(0, round(MAX_DRIVE_SECONDS / DT)), default=0, help="cycles per drive at most (--drives; default 0 = whole "
                    "drives: 3 s of a drive can end before its event)")
     p.add_argument("--expect-drives-fingerprint", metavar="SHA256", help="the --drives folder's pinned fingerprint")
-    p.add_argument("--modes", help="comma list of drive modes to run besides plain (--drives; default all: "
-                   "plain+vision, spec, spec+vision, spec+vision+lookup; spec+tree with --trees)")
+    p.add_argument("--modes", help="comma list of drive modes besides plain (--drives; default all; spec+tree with --trees)")
     p.set_defaults(run=run)
 
 
