@@ -26,22 +26,16 @@ from runtime.tree import TreeShape
 class Chain:
     k: int
 
-    source = "chain"
-
 
 @dataclass(frozen=True)
 class TreeStep:
     shape: TreeShape
     chain: int          # the chain's length where the tree does not fit
 
-    source = "tree"
-
 
 @dataclass(frozen=True)
 class Lookup:
     tokens: tuple
-
-    source = "lookup"
 
     @property
     def k(self) -> int:

@@ -22,6 +22,8 @@ reads of a greedy step through torch's function hooks: it makes one).
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -183,7 +185,6 @@ def _timed(be, call, repeats: int) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / repeats
-    import time
     t0 = time.perf_counter()
     for _ in range(repeats):
         call()
