@@ -95,6 +95,9 @@ def test_self_draft_accepts_everything(preset, tmp_path):
     # issue 50, 5: a drives pin without a drives folder was ignored
     (["--preset", "tiny", "--random-init", "0", "--expect-drives-fingerprint", "0" * 64],
      "--expect-drives-fingerprint pins the --drives folder, and no --drives was given"),
+    # int() reads other scripts' digits: "٤,٨" was (4, 8), "１６" started a whole run
+    (["--preset", "tiny", "--random-init", "0", "--ks", "٤,٨"], "ASCII integers"),
+    (["--preset", "tiny", "--random-init", "0", "--scenes", "１６"], "not an integer in ASCII digits"),
 ])
 def test_bad_arguments_exit_2_naming_the_value(args, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:

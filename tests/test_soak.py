@@ -170,7 +170,11 @@ def test_soak_short_on_the_onnxruntime_backend(tiny_onnx):
 SOAK_CYCLES = int(os.environ.get("SPECDRIVE_SOAK_CYCLES", "24"))     # per backend; the long run: 1500
 SOAK_DRIVES = os.environ.get("SPECDRIVE_SOAK_DRIVES")                # a drives folder; default: made here
 SOAK_BUDGET_MS = float(os.environ.get("SPECDRIVE_SOAK_BUDGET_MS", "3000"))   # tighter: cuts and misses
-SOAK_OPS = OPS + ("vision_frames",)          # with reuse.vision the vision stage calls vision_frames
+SOAK_OPS = OPS + ("vision_frames", "image_blocks", "prefill_streamed")   # reuse.vision and .prefill's calls
+SOAK_HEAP = os.environ.get("SPECDRIVE_SOAK_HEAP") == "1"             # trace the Python heap (slower)
+SOAK_OUT = os.environ.get("SPECDRIVE_SOAK_OUT")                      # the counts as JSON, if set
+SOAK_TREES = {"torch": "12,6,3", "onnxruntime": "8,5,3"}            # ONNX graphs verify 9 rows at most
+HEAP_SLOPE_KB = 0.05      # "levels off": the heap's least-squares slope over the last half, KB a cycle
 
 
 class DriveChaos(FaultyEngine):
@@ -226,27 +230,84 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def drive_soak(backend, tok, drives, cycles: int, seed: int) -> dict:
+class PlainReference:
+    """Plain decoding's reasoning (k = 0, no reuse, no budget) of each distinct cycle, computed once
+    on a backend of its own: what every clean soak cycle's reasoning must equal (or, cut, begin with)."""
+
+    def __init__(self, backend, tok):
+        from runtime.config import load_planner_config, with_overrides
+
+        cfg = with_overrides(load_planner_config("cpu"), {"spec": {"k": 0, "adaptive": False, "tree": ""},
+                                                          "max_reasoning_tokens": 48, "budget": {"budget_ms": 0.0}},
+                             "plain reference")
+        self.planner, self.ids = Planner(backend, tok, cfg), {}
+
+    def __call__(self, key, images, history) -> list:
+        if key not in self.ids:
+            self.planner.forget()
+            res = self.planner.plan(images, history, scene=f"plain{key}")
+            assert res.error is None and res.source == "reasoning", (key, res.source, res.error)
+            self.ids[key] = [int(i) for i in res.reasoning_ids]
+        return self.ids[key]
+
+
+def compare_with_plain(res, plain: list, stats: dict) -> None:
+    """A whole reasoning equals plain decoding's, a cut one is its prefix; anything else is counted
+    wrong: flagged where the cycle said approximate_prefill, else unflagged."""
+    ids = [int(i) for i in res.reasoning_ids]
+    same = ids == plain if res.source == "reasoning" else ids == plain[:len(ids)]
+    stats["compared"] += 1
+    if not same:
+        stats["flagged_wrong" if "approximate_prefill" in res.flags else "unflagged_wrong"] += 1
+
+
+def heap_slope_kb(samples: list) -> float:
+    """The least-squares slope (KB a cycle) of (cycle, traced KB) over the last half of the samples."""
+    half = samples[len(samples) // 2:]
+    x, y = np.array([c for c, _ in half], float), np.array([kb for _, kb in half], float)
+    return float(np.polyfit(x, y, 1)[0]) if len(half) >= 2 and np.ptp(x) > 0 else 0.0
+
+
+def heap_growth(first, last, top: int = 8) -> list:
+    """Where the traced heap grew between two tracemalloc snapshots: the top source lines, KB."""
+    stats = last.compare_to(first, "lineno")[:top]
+    return [{"where": str(s.traceback), "kb": round(s.size_diff / 1024, 2), "count": s.count_diff} for s in stats]
+
+
+def drive_soak(backend, tok, drives, cycles: int, seed: int, tree: str = "", plain=None) -> dict:
     """`cycles` planning cycles over whole drives (cycle by cycle, each drive from its start, the
-    planner forgetting between drives), reuse.vision and lookup on, faults and corrupt inputs
-    injected; every cycle checked (module docstring). Returns the counts."""
+    planner forgetting between drives), reuse.vision, lookup and streaming prefill on, a token tree
+    offered at every step, faults and corrupt inputs injected; every cycle checked (module
+    docstring), every clean one against plain decoding (`plain`, a PlainReference). With
+    SPECDRIVE_SOAK_HEAP=1 the Python heap is traced at the end of each pass over the drives, where
+    the caches hold the same frames. Returns the counts."""
+    import tracemalloc
+
     from bench.whole_drives.measure import frames_of
     from runtime.config import load_planner_config, with_overrides
 
     rng = np.random.default_rng(seed)
     chaos = DriveChaos(backend, rng)
     base = load_planner_config("cpu")
-    cfg = with_overrides(base, {"reuse": {"vision": True, "lookup": True}, "max_reasoning_tokens": 48,
-                                "budget": {"budget_ms": SOAK_BUDGET_MS}}, "soak")
+    cfg = with_overrides(base, {"reuse": {"vision": True, "lookup": True, "prefill": True}, "max_reasoning_tokens": 48,
+                                "spec": {"tree": tree}, "budget": {"budget_ms": SOAK_BUDGET_MS}}, "soak")
     p = Planner(chaos, tok, cfg)
     first = drives[0].cycles[0]
     p.warmup(first.images, first.history)
     stats = {"cycles": 0, "escaped": 0, "faulted": 0, "corrupt": 0, "errors": 0, "misses": 0, "over_budget": 0,
-             "unflagged_misses": 0, "reasoned": 0, "lookup_accepted": 0, "reused_frames": 0, "rss_mb": []}
+             "unflagged_misses": 0, "reasoned": 0, "lookup_accepted": 0, "reused_frames": 0, "streamed": 0,
+             "tree_steps": 0, "compared": 0, "unflagged_wrong": 0, "flagged_wrong": 0, "rss_mb": [], "heap_kb": []}
+    snapshots = []
+    if SOAK_HEAP:
+        tracemalloc.start()
     while stats["cycles"] < cycles:
-        for d in drives:
+        if SOAK_HEAP and stats["cycles"]:                 # the end of a pass: the caches hold its frames
+            stats["heap_kb"].append((stats["cycles"], round(tracemalloc.get_traced_memory()[0] / 1024, 1)))
+            if len(stats["heap_kb"]) in (2, 6):
+                snapshots.append(tracemalloc.take_snapshot())
+        for di, d in enumerate(drives):
             p.forget()
-            for c in d.cycles:
+            for ci, c in enumerate(d.cycles):
                 if stats["cycles"] >= cycles:
                     break
                 images, history, frames = c.images, c.history, frames_of(c, cfg.cameras)
@@ -280,17 +341,27 @@ def drive_soak(backend, tok, drives, cycles: int, seed: int) -> dict:
                     if SOAK_BUDGET_MS >= 3000:
                         assert res.source in ("reasoning", "cut_reasoning"), (res.source, res.flags)
                     stats["reasoned"] += res.source in ("reasoning", "cut_reasoning")
+                    if plain is not None and res.source in ("reasoning", "cut_reasoning"):
+                        compare_with_plain(res, plain((di, ci), c.images, c.history), stats)
                 if res.source != "none" and not bad:
                     v0 = tok.conditioning.speed(history)
                     assert check_trajectory(res.trajectory, v0, CheckConfig()) == [], (res.flags, res.error)
                 stats["lookup_accepted"] += res.reuse.get("lookup", {}).get("accepted", 0)
                 stats["reused_frames"] += res.reuse.get("vision", {}).get("reused", 0)
+                stats["streamed"] += res.reuse.get("prefill", {}).get("reused", 0) > 0
+                stats["tree_steps"] += res.decode.get("trees", 0)
                 assert len(p.vision_cache.entries) <= cfg.reuse.max_frames
                 assert len(p.lookup.texts) <= cfg.reuse.lookup_cycles
                 if stats["cycles"] % 20 == 0:
                     stats["rss_mb"].append(round(rss_mb(), 1))
     p.fallback.close()
     stats["injected"], stats["slowed"] = len(chaos.injected), chaos.slowed
+    if SOAK_HEAP:
+        stats["heap_kb"].append((stats["cycles"], round(tracemalloc.get_traced_memory()[0] / 1024, 1)))
+        stats["heap_slope_kb"] = heap_slope_kb(stats["heap_kb"])
+        if len(snapshots) == 2:
+            stats["heap_growth_passes_2_to_6"] = heap_growth(*snapshots)
+        tracemalloc.stop()
     return stats
 
 
@@ -300,6 +371,10 @@ def check_soak(stats: dict, cycles: int) -> None:
     assert stats["injected"] and stats["slowed"] and stats["corrupt"], stats
     assert stats["reasoned"] > cycles // (2 if SOAK_BUDGET_MS >= 3000 else 4), stats
     assert stats["lookup_accepted"] > 0 and stats["reused_frames"] > 0, stats
+    assert stats["streamed"] > 0 and stats["tree_steps"] > 0, stats
+    assert stats["compared"] >= cycles // 2 and stats["unflagged_wrong"] == 0, stats
+    if len(stats["heap_kb"]) >= 6:       # SPECDRIVE_SOAK_HEAP=1 over several passes: the heap levels off
+        assert stats["heap_slope_kb"] < HEAP_SLOPE_KB, stats["heap_kb"]
     rss = stats["rss_mb"]
     if len(rss) >= 8:                    # memory flat: the last quarter within 64 MB of the second
         q = len(rss) // 4
@@ -320,20 +395,27 @@ def soak_drives(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_whole_drive_soak_with_faults_reuse_and_lookup(backend, soak_drives, request, one_thread):
-    """Whole drives, cycle by cycle, with reuse.vision and lookup on and raising calls, slow calls
-    and corrupt inputs (NaN history, bad images, absurd jumps, frame times of 1e303, a bool, text)
-    injected: nothing escapes plan(), a faulted cycle reports its error, a corrupt one an
-    input_error, a clean one reasons, every cycle over budget carries `miss`, every trajectory
-    passes the checks, the caches stay in their bounds and memory stays flat. The CI run is
-    SPECDRIVE_SOAK_CYCLES=24 per backend; the long run (docs/bench.md) sets 1500."""
+def test_whole_drive_soak_with_faults_reuse_streaming_and_trees(backend, soak_drives, request, one_thread):
+    """Whole drives, cycle by cycle, with reuse.vision, lookup and exact streaming prefill on, a
+    token tree offered at every step, and raising calls, slow calls and corrupt inputs (NaN
+    history, bad images, absurd jumps, frame times of 1e303, a bool, text) injected: nothing
+    escapes plan(), a faulted cycle reports its error, a corrupt one an input_error, a clean one
+    reasons, and its reasoning is plain decoding's token for token (a cut one its prefix); every
+    cycle over budget carries `miss`, every trajectory passes the checks, the caches stay in their
+    bounds and memory stays flat. The CI run is SPECDRIVE_SOAK_CYCLES=24 per backend; the long
+    run (docs/soak.md) sets 3000 with SPECDRIVE_SOAK_HEAP=1."""
     from runtime.artifacts import ModelSource, open_backend
 
     src = ModelSource(checkpoint=ROOT / "checkpoints" / "tiny") if backend == "torch" else \
         ModelSource(engines=request.getfixturevalue("tiny_onnx"), threads=1)
     be, tok = open_backend(src, 512)
-    stats = drive_soak(be, tok, soak_drives, SOAK_CYCLES, seed=11)
-    print("SOAK", backend, json.dumps({k: v for k, v in stats.items() if k != "rss_mb"}),
-          "rss_mb first/last", stats["rss_mb"][:1], stats["rss_mb"][-1:])
+    ref_be, _ = open_backend(src, 512)
+    stats = drive_soak(be, tok, soak_drives, SOAK_CYCLES, seed=11, tree=SOAK_TREES[backend],
+                       plain=PlainReference(ref_be, tok))
+    print("SOAK", backend, json.dumps({k: v for k, v in stats.items() if k not in ("rss_mb", "heap_kb")}),
+          "rss_mb first/last", stats["rss_mb"][:1], stats["rss_mb"][-1:], "heap_kb", stats["heap_kb"])
+    if SOAK_OUT:
+        Path(SOAK_OUT).write_text(json.dumps({"backend": backend, **stats}, indent=1))
     check_soak(stats, SOAK_CYCLES)
     be.close()
+    ref_be.close()

@@ -11,12 +11,14 @@ import time
 
 import torch
 
+from tools.argtypes import integer
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="aarl_speed")
     p.add_argument("--config", default="configs/train/aarl.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=integer, default=6)
     p.add_argument("--label", default="")
     args = p.parse_args(argv)
     from models import io

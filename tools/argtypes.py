@@ -1,10 +1,10 @@
-"""Argument types of the commands: a bad value is refused by argparse (exit 2, one line naming
-the argument, the value and what is allowed) before any work starts."""
+"""Argument types of the commands: argparse refuses a bad value (exit 2, one line naming it and what is allowed)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 from prompt.config import ConfigError
@@ -13,32 +13,32 @@ from runtime.backend import BACKENDS
 from runtime.config import tree_shape
 
 
-def count(lo: int = 0, hi: int | None = None):
-    """An int >= lo (and <= hi where given: threads, warm-up cycles, pictures)."""
-    allowed = f">= {lo}" if hi is None else f"{lo}..{hi}"
+ASCII_INT = re.compile(r"\s*[+-]?[0-9]+\s*")   # int() alone also reads "١٦" or "１６"
+
+
+def count(lo: int | None = 0, hi: int | None = None):
+    """An int in ASCII digits >= lo (and <= hi where given); count(None), `integer`: any int."""
+    allowed = "any integer" if lo is None else f">= {lo}" if hi is None else f"{lo}..{hi}"
 
     def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; allowed {allowed}") from None
-        if n < lo or (hi is not None and n > hi):
+        if not ASCII_INT.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in ASCII digits; allowed {allowed}")
+        n = int(text)
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
             raise argparse.ArgumentTypeError(f"{n} is out of range; allowed {allowed}")
         return n
     return parse
 
 
+integer = count(None)
 MAX_THREADS = 256
 
 
 def finite_ms(text: str) -> float:
     """A finite float >= 0 (a budget in ms; 0 = off)."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    x = float(text) if re.fullmatch(r"\s*\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*", text) else math.nan
     if not math.isfinite(x) or x < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range; allowed a finite number >= 0")
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed a finite number >= 0 in ASCII digits")
     return x
 
 
@@ -71,10 +71,10 @@ def out_file(text: str) -> Path:
 def int_list(lo: int | None = None, hi: int | None = None):
     """A comma list of ints ("4,8"), each in [lo, hi] where given."""
     def parse(text: str) -> tuple[int, ...]:
-        try:
-            out = tuple(int(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated integers, e.g. 4,8") from None
+        parts = [x for x in text.split(",") if x.strip()]
+        if not all(ASCII_INT.fullmatch(x) for x in parts):
+            raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated ASCII integers, e.g. 4,8")
+        out = tuple(int(x) for x in parts)
         bad = [n for n in out if (lo is not None and n < lo) or (hi is not None and n > hi)]
         if bad:
             raise argparse.ArgumentTypeError(f"{bad[0]} in {text!r} is out of range; allowed {lo}..{hi}")
@@ -97,7 +97,7 @@ def add_source_args(p: argparse.ArgumentParser, checkpoint_help: str = "checkpoi
     src.add_argument("--checkpoint", type=Path, help=checkpoint_help)
     src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
     src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
-    p.add_argument("--random-init", type=int, metavar="SEED", help="seed of the random weights (with --preset)")
+    p.add_argument("--random-init", type=integer, metavar="SEED", help="seed of the random weights (with --preset)")
     p.add_argument("--expect-fingerprint", metavar="SHA256", help="the folder's pinned fingerprint (64 hex, as "
                    "printed at start): a folder that differs is refused (exit 2)")
     p.add_argument("--backend", default=None, choices=list(BACKENDS))

@@ -21,7 +21,7 @@ from bench.whole_drives.command import DrivesRun
 from bench.whole_drives.measure import DriveBenchConfig
 from prompt.config import ConfigError
 from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
-from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, model_source, out_file, tree_list
+from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, integer, model_source, out_file, tree_list
 
 
 def add_parser(subparsers) -> None:
@@ -42,20 +42,20 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-k modes")
     p.add_argument("--aa", action="store_true", help="A/A control: the longest --ks chain twice (the run's noise)")
     p.add_argument("--trees", type=tree_list, default=(), help="token trees N,d,K ';'-separated (\"16,8,4;32,8,8\"): tree modes")
-    p.add_argument("--scenes", type=int, default=16, help="synthetic scenes (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first scene")
+    p.add_argument("--scenes", type=integer, default=16, help="synthetic scenes (default 16)")
+    p.add_argument("--seed", type=integer, default=0, help="seed of the first scene")
     p.add_argument("--split", default="test", help="with --data its split; else families and ranges only")
     p.add_argument("--data", type=Path, help="dataset folder: bench the first --scenes scenes of its --split")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds over all scenes and modes")
-    p.add_argument("--warmup", type=int, default=1, help="untimed cycles per mode first")
+    p.add_argument("--repeats", type=integer, default=3, help="timed rounds over all scenes and modes")
+    p.add_argument("--warmup", type=integer, default=1, help="untimed cycles per mode first")
     p.add_argument("--budget-ms", type=float, default=0.0, help="planner budget in the timed cycles (default 0 = off, so every mode decodes the same tokens)")
     p.add_argument("--deadline-ms", type=float, default=None, help="cycles longer than this count as deadline misses (default: the profile's budget_ms)")
-    p.add_argument("--max-reasoning", type=int, default=None, help="reasoning tokens per cycle at most")
+    p.add_argument("--max-reasoning", type=integer, default=None, help="reasoning tokens per cycle at most")
     p.add_argument("--threads", type=count(0, MAX_THREADS), default=1, help="torch CPU threads (0 = torch's default); 1 keeps timings steady")
     p.add_argument("--json", type=out_file, required=True, help="where the bench record goes")
     p.add_argument("--plot", type=out_file, help="speedup plot (default: OUT with .png)")
     p.add_argument("--accept-plot", type=out_file, help="where-accepted picture (default: OUT_accept.png)")
-    p.add_argument("--picture-scene", type=int, default=0, help="scene index of the where-accepted picture")
+    p.add_argument("--picture-scene", type=integer, default=0, help="scene index of the where-accepted picture")
     p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
                    "through plain, speculative and reuse modes instead of snapshots (bench/whole_drives/)")
     p.add_argument("--drive-count", type=count(1, MAX_DRIVES), default=4, help="drives of the split to run (--drives; default 4)")

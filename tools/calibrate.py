@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prompt.config import ConfigError
+from tools.argtypes import integer
 
 PRECISIONS = ("int8", "int8_sq", "fp8", "int4_awq")
 
@@ -25,13 +26,13 @@ def add_parser(subparsers) -> None:
     sub.required = True
     r = sub.add_parser("record", help="record each graph's inputs on train scenes (DIR/calibration)")
     common(r)
-    r.add_argument("--prompts", type=int, default=128, help="train-split scenes (default 128)")
-    r.add_argument("--per-scene", type=int, default=1, help="calls kept per graph and scene (default 1)")
+    r.add_argument("--prompts", type=integer, default=128, help="train-split scenes (default 128)")
+    r.add_argument("--per-scene", type=integer, default=1, help="calls kept per graph and scene (default 1)")
     r.set_defaults(run=run_record)
     q = sub.add_parser("report", help="quantized variants through the loop against fp32 (held-out scenes)")
     common(q)
     q.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma list of {', '.join(PRECISIONS)}")
-    q.add_argument("--scenes", type=int, default=16, help="held-out scenes (default 16)")
+    q.add_argument("--scenes", type=integer, default=16, help="held-out scenes (default 16)")
     q.add_argument("--no-blame", action="store_true", help="leave out the one-graph-at-a-time variants")
     q.add_argument("--method", default=None, choices=["max", "entropy"], help="int8 activation ranges "
                    "(default max; fp8 always max, INT4 AWQ its clip search)")
@@ -43,8 +44,8 @@ def common(p) -> None:
     p.add_argument("--engines", type=Path, required=True, help="folder of `specdrive export onnx`")
     p.add_argument("--profile", default="cpu", help="planner profile the loop runs with (its max_len "
                    "must be the graphs')")
-    p.add_argument("--seed", type=int, default=0, help="seed of the scene draw")
-    p.add_argument("--threads", type=int, default=1, help="onnxruntime CPU threads (default 1)")
+    p.add_argument("--seed", type=integer, default=0, help="seed of the scene draw")
+    p.add_argument("--threads", type=integer, default=1, help="onnxruntime CPU threads (default 1)")
 
 
 def _open(args):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tools.argtypes import out_folder
+from tools.argtypes import integer, out_folder
 
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny"
 
@@ -20,8 +20,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="run the planner on the shipped checkpoint (CPU) and draw it",
                               description=__doc__.splitlines()[0])
     p.add_argument("--out", type=out_folder, default=Path("out/demo"))
-    p.add_argument("--cycles", type=int, default=24, help="planning cycles (test scenes)")
-    p.add_argument("--seed", type=int, default=1000, help="seed of the synthetic test scenes")
+    p.add_argument("--cycles", type=integer, default=24, help="planning cycles (test scenes)")
+    p.add_argument("--seed", type=integer, default=1000, help="seed of the synthetic test scenes")
     p.add_argument("--checkpoint", type=Path, default=SHIPPED)
     p.set_defaults(run=run)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prompt.config import ConfigError
 from runtime.config import load_planner_config
+from tools.argtypes import integer
 
 # the causal twin of checkpoints/tiny: what runtimes that build their own causal mask take (Edge-LLM,
 # TensorRT-LLM, transformers), the default of every interop path
@@ -40,8 +41,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--out", type=Path, required=True, help="engines folder to write")
     o.add_argument("--draft", default=None, help="draft variant (default: flat, else the only one)")
     o.add_argument("--profile", default="cpu", help="planner profile: prompt shapes, draws, max_len")
-    o.add_argument("--max-len", type=int, default=None, help="cache rows (default: the profile's)")
-    o.add_argument("--k-max", type=int, default=None, help="largest draft length (default: the profile's)")
+    o.add_argument("--max-len", type=integer, default=None, help="cache rows (default: the profile's)")
+    o.add_argument("--k-max", type=integer, default=None, help="largest draft length (default: the profile's)")
     o.add_argument("--draft-map", default="graph", choices=("graph", "host"),
                    help="a reduced draft head: its d2t map inside the draft graphs (default) or on the host")
     o.set_defaults(run=run)

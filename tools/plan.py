@@ -14,7 +14,7 @@ from pathlib import Path
 from bench.common.sources import SceneSource
 from bench.plan import command as plan
 from runtime.config import DECODING, TRAJECTORY_SOURCES
-from tools.argtypes import add_source_args, count, finite_ms, model_source, out_folder
+from tools.argtypes import add_source_args, count, finite_ms, integer, model_source, out_folder
 
 
 def add_parser(subparsers) -> None:
@@ -26,14 +26,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--profile", default=None, help="planner profile configs/planner/NAME.yaml or a YAML path "
                    "(default: the one an --engines folder's manifest.json names, else cpu)")
     p.add_argument("--budget-ms", type=finite_ms, help="latency budget per cycle (0 = off); default from the profile")
-    p.add_argument("--k", type=int, help="fixed draft length (turns adaptive k off; 0 = plain decoding)")
+    p.add_argument("--k", type=integer, help="fixed draft length (turns adaptive k off; 0 = plain decoding)")
     p.add_argument("--decoding", choices=DECODING)
     p.add_argument("--trajectory", choices=TRAJECTORY_SOURCES)
-    p.add_argument("--max-reasoning", type=int, help="reasoning tokens per cycle at most")
+    p.add_argument("--max-reasoning", type=integer, help="reasoning tokens per cycle at most")
     data = p.add_mutually_exclusive_group()
     data.add_argument("--scenes", type=count(0), default=None, help="N synthetic scenes (default 8)")
     data.add_argument("--data", type=Path, help="dataset folder of scenes shards")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scenes")
+    p.add_argument("--seed", type=integer, default=0, help="seed of the synthetic scenes")
     p.add_argument("--split", default="test", help="split of the synthetic scenes or the dataset")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA, tensorrt backend)")

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from bench.profiling import command as profiling
-from tools.argtypes import add_source_args, count, model_source, out_folder
+from tools.argtypes import add_source_args, count, integer, model_source, out_folder
 
 
 def add_parser(subparsers) -> None:
@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml")
     p.add_argument("--cycles", type=count(1), default=16, help="measured cycles, one per synthetic scene")
     p.add_argument("--warmup", type=count(0), default=2, help="cycles before the capture range")
-    p.add_argument("--seed", type=int, default=0, help="first synthetic scene")
+    p.add_argument("--seed", type=integer, default=0, help="first synthetic scene")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
     p.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (bench/common/threads.py)")

@@ -13,7 +13,7 @@ import argparse
 
 from bench.common.projection import PRECISIONS
 from bench.roofline import command as roofline
-from tools.argtypes import config_of, count, finite_ms, input_file, out_file, tree_list
+from tools.argtypes import config_of, count, finite_ms, input_file, integer, out_file, tree_list
 
 
 def add_parser(subparsers) -> None:
@@ -26,14 +26,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--profile", default=None, help="planner profile for budget, k, draws, Euler steps "
                    "(default: orin on Orin devices, thor on Thor, cpu on cpu)")
     p.add_argument("--budget-ms", type=finite_ms, help="cycle budget (default: the profile's)")
-    p.add_argument("--k", type=int, help="draft length (default: the profile's k)")
+    p.add_argument("--k", type=integer, help="draft length (default: the profile's k)")
     p.add_argument("--tau", type=float, default=3.0, help="tokens per verify pass (default 3.0, assumed)")
-    p.add_argument("--reasoning-tokens", type=int, help="CoC tokens (default: devices.yaml workload, else 40)")
-    p.add_argument("--samples", type=int, help="expert draws (default: the profile's)")
-    p.add_argument("--euler-steps", type=int, help="Euler steps (default: the profile's, else the preset's)")
+    p.add_argument("--reasoning-tokens", type=integer, help="CoC tokens (default: devices.yaml workload, else 40)")
+    p.add_argument("--samples", type=integer, help="expert draws (default: the profile's)")
+    p.add_argument("--euler-steps", type=integer, help="Euler steps (default: the profile's, else the preset's)")
     p.add_argument("--draft-vocab", type=count(0), default=0,
                    help="draft LM head rows (0: the target's head; N: a reduced head)")
-    p.add_argument("--encoded-images", type=int, help="images the ViT encodes per cycle (reuse)")
+    p.add_argument("--encoded-images", type=integer, help="images the ViT encodes per cycle (reuse)")
     p.add_argument("--lookup-share", type=float, default=0.5, help="drives row: share of speculative steps "
                    "proposed by lookup (default 0.5, assumed; `specdrive bench --drives` measures it)")
     p.add_argument("--threads", type=count(1), default=1, help="torch threads of the cpu microbenchmark")

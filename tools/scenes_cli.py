@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from scenes.config import DRIVE_SECONDS, FAMILIES, SPLITS, ConfigError
+from tools.argtypes import integer
 
 
 def add_parser(subparsers) -> None:
@@ -11,23 +12,23 @@ def add_parser(subparsers) -> None:
     g = sub.add_parser("generate", help="write train/val/test/heldout/unseen shards of snapshots (--n) or drives")
     g.add_argument("--out", required=True, help="dataset directory")
     what = g.add_mutually_exclusive_group(required=True)
-    what.add_argument("--n", type=int, help="number of snapshots (one cycle of a drive each) over all splits")
-    what.add_argument("--drives", type=int, help="number of drives (10 Hz cycles over --seconds)")
+    what.add_argument("--n", type=integer, help="number of snapshots (one cycle of a drive each) over all splits")
+    what.add_argument("--drives", type=integer, help="number of drives (10 Hz cycles over --seconds)")
     g.add_argument("--seconds", type=float, default=DRIVE_SECONDS, help="length of each drive (default 8)")
     g.add_argument("--split", choices=SPLITS, help="with --drives: put every drive in this split; with --n: "
                    "write only this split's share of the N scenes, the same scenes a whole run writes there")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=integer, default=0)
     g.add_argument("--families", default=",".join(FAMILIES),
                    help=f"comma-separated subset of: {','.join(FAMILIES)} (default: all)")
-    g.add_argument("--workers", type=int, default=1, help="processes (the bytes do not depend on it)")
-    g.add_argument("--shard-size", type=int, default=256, help="snapshots per shard")
+    g.add_argument("--workers", type=integer, default=1, help="processes (the bytes do not depend on it)")
+    g.add_argument("--shard-size", type=integer, default=256, help="snapshots per shard")
     g.add_argument("--no-render", action="store_true", help="snapshots only: skip the camera images")
     g.set_defaults(run=_generate)
     s = sub.add_parser("show", help="draw one scene to a PNG, or a drive (--drive) to an animated GIF")
     s.add_argument("dataset", help="dataset or drives directory")
-    s.add_argument("--index", type=int, default=0, help="snapshot index")
-    s.add_argument("--drive", type=int, help="drive index: writes an animated GIF of the drive")
-    s.add_argument("--every", type=int, default=1, help="with --drive: one GIF frame every N cycles")
+    s.add_argument("--index", type=integer, default=0, help="snapshot index")
+    s.add_argument("--drive", type=integer, help="drive index: writes an animated GIF of the drive")
+    s.add_argument("--every", type=integer, default=1, help="with --drive: one GIF frame every N cycles")
     s.add_argument("--split", help="split (default: train for snapshots, test for drives)", choices=SPLITS)
     s.add_argument("--out", required=True, help="PNG (scene) or GIF (drive) file to write")
     s.set_defaults(run=_show)

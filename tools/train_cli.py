@@ -16,6 +16,7 @@ import importlib
 import sys
 
 from prompt.config import ConfigError
+from tools.argtypes import integer
 from train import config
 
 RUNNERS = {"vision": "train.vision:run", "sft": "train.sft:run", "distill": "train.distill:run", "aarl": "train.aarl:run",
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> None:
     p = stages.add_parser("grid", help="the next unfinished cells of a grid (config: configs/grids/*.yaml)")
     p.add_argument("--config", required=True, help="YAML file of the grid")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a grid field")
-    p.add_argument("--max-cells", type=int, default=None, help="run at most N cells now")
+    p.add_argument("--max-cells", type=integer, default=None, help="run at most N cells now")
     p.add_argument("--budget-min", type=float, default=None,
                    help="start no cell that the mean cell time says would end past M minutes")
     p.add_argument("--status", action="store_true", help="say how many cells are finished; run none")

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from bench.trajectory_cost import command as trajectory_cost
-from tools.argtypes import config_of, count, int_list
+from tools.argtypes import config_of, count, int_list, integer
 
 
 def add_parser(subparsers) -> None:
@@ -20,12 +20,12 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", type=Path, required=True, help="trained planner folder")
     p.add_argument("--draft", default=None, help="draft variant for the reasoning (default: the folder's)")
-    p.add_argument("--scenes", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scenes", type=integer, default=32)
+    p.add_argument("--seed", type=integer, default=0)
     p.add_argument("--split", default="test")
     p.add_argument("--steps", type=int_list(), default=(2, 4, 6, 10), help="Euler steps, comma separated")
     p.add_argument("--samples", type=int_list(), default=(1, 2, 4, 8), help="expert draws per trajectory, comma separated")
-    p.add_argument("--repeats", type=int, default=3, help="timed calls per setting and scene (the least "
+    p.add_argument("--repeats", type=integer, default=3, help="timed calls per setting and scene (the least "
                    "counts: other processes only ever add time)")
     p.add_argument("--threads", type=count(0), default=1, help="torch CPU threads (as specdrive bench; 0 = torch's default)")
     p.add_argument("--json", type=Path, required=True)
