@@ -55,7 +55,7 @@ install: $(STAMP)
 # the check fails on a planted 3.11 file). --pessimistic: a file this Python cannot parse fails
 # (`except*` on 3.10); --violations only says what (vermin 1.9 then exits 0 on a file it cannot
 # parse); --exclude long: vermin reads torch's Tensor.long() as Python 2's long.
-PY_TREE = prompt scenes models runtime train export calibration engines bench tools tests $(wildcard configs scripts)
+PY_TREE = core prompt scenes models runtime train export calibration engines bench tools tests $(wildcard configs scripts)
 PY310   = vermin -q -t=3.10- --no-tips --eval-annotations --pessimistic --exclude long
 
 lint: $(STAMP)

@@ -16,8 +16,8 @@ from calibration.record import record
 from calibration.report import accuracy_report, write_report
 from calibration.scenes import calibration_scenes
 from calibration.variants import quantize_folder, select
-from prompt.artifacts import EnginesMeta
-from prompt.config import ConfigError
+from core.artifacts import EnginesMeta
+from core.config import ConfigError
 
 
 def calibrate_folder(folder: Path, meta: EnginesMeta, plan: dict, planner, prompts: int = 128, seed: int = 0,

@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 # precision -> (ModelOpt quantize_mode, default calibration method)
 PRECISIONS = {"int8": ("int8", "max"), "int8_sq": ("int8", "max"), "fp8": ("fp8", "max"),

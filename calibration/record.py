@@ -28,9 +28,9 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 from tqdm import tqdm
 
-from prompt.artifacts import EnginesMeta
-from prompt.config import ConfigError, file_sha256, read_json
-from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, IMAGE_BLOCKS, PREFILL, STEP, STEP_TREE, VISION, VISION_FRAME
+from core.artifacts import EnginesMeta
+from core.config import ConfigError, file_sha256, read_json
+from core.graphs import DRAFT_CHAIN, DRAFT_FEED, IMAGE_BLOCKS, PREFILL, STEP, STEP_TREE, VISION, VISION_FRAME
 
 CACHE_INPUTS = {"cache"}          # inputs that are the full KV cache (trimmed when recorded)
 # the LLM graphs keep a sample from every scene; the others (vision, draft prefill, action expert:

@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from calibration.quantize import NothingToQuantize
 from calibration.variants import graphs_of, quantize_folder, select
-from prompt.artifacts import EnginesMeta
-from prompt.config import ConfigError
+from core.artifacts import EnginesMeta
+from core.config import ConfigError
 
 GOAL = {"tau": 0.03, "ade": 0.05}       # relative to fp32
 BLAME = ("prefill", "step", "draft", "vision", "action")
@@ -163,7 +163,7 @@ def accuracy_report(folder: Path, meta: EnginesMeta, tokenizer, cfg, calib, prec
     for name, r in results.items():
         if name != "fp32":
             r.update(judge(r, fp32))
-    from prompt.stamp import engines_stamp
+    from core.stamp import engines_stamp
 
     return {"format": "specdrive-accuracy-report", "stamp": engines_stamp(folder), "goal": GOAL, "split": SPLIT, "scenes": scenes, "seed": seed,
             "calibration_sha256": calib.sha256, "calibration_scenes": len(calib.scenes),

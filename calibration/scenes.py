@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 SPLIT = "train"
 FORBIDDEN = ("test", "heldout", "unseen")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from calibration.scenes import SPLIT, CalibrationScene, calibration_scenes
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.config import BudgetConfig
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from calibration.quantize import (PRECISIONS, QUANTIZER_VERSION, modelopt_version, quantize_graph,
                                   quantized_types)
-from prompt.config import ConfigError, file_sha256
-from prompt.graphs import ACTION_VELOCITY, DRAFT_GRAPHS, PREFILL, STEP, STEP_TREE, TARGET_LLM_GRAPHS, VISION
-from prompt.artifacts import EnginesMeta, stamp_facts
+from core.config import ConfigError, file_sha256
+from core.graphs import ACTION_VELOCITY, DRAFT_GRAPHS, PREFILL, STEP, STEP_TREE, TARGET_LLM_GRAPHS, VISION
+from core.artifacts import EnginesMeta, stamp_facts
 
 TARGET, DRAFT = (*TARGET_LLM_GRAPHS, STEP_TREE), DRAFT_GRAPHS     # step_tree: the step over a token tree
 GROUPS = {"target": TARGET, "draft": DRAFT, "vision": (VISION,), "action": (ACTION_VELOCITY,),

@@ -23,9 +23,9 @@ from pathlib import Path
 from engines.profile import EngineProfile
 from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
-from prompt.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
-from prompt.config import ConfigError, file_sha256, to_dict
-from prompt.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, STEP_TREE, TARGET_LLM_GRAPHS
+from core.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
+from core.config import ConfigError, file_sha256, to_dict
+from core.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, STEP_TREE, TARGET_LLM_GRAPHS
 
 BUILT, MISSING_TENSORRT = 0, 3
 INSTALL_TENSORRT = {

@@ -18,8 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, check_choice, check_range, check_types, load_named
-from prompt.graphs import LLM_GRAPHS, SHAPES
+from core.config import ConfigError, check_choice, check_range, check_types, load_named
+from core.graphs import LLM_GRAPHS, SHAPES
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "configs" / "engines"
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
@@ -30,7 +30,7 @@ ARCH = {87: "Ampere (Orin)", 89: "Ada", 90: "Hopper", 100: "Blackwell", 110: "Bl
 
 @dataclass
 class GraphPrecision:
-    """The precision each exported graph is built in: one field per graph of prompt/graphs.py GRAPHS."""
+    """The precision each exported graph is built in: one field per graph of core/graphs.py GRAPHS."""
     vision: str = "fp16"
     vision_frame: str = "fp16"       # the one-image vision graph (reuse.vision)
     prefill: str = "fp16"

@@ -46,8 +46,8 @@ from models import io
 from models.draft import Draft
 from models.hf import check_causal
 from models.names import check_names
-from prompt.artifacts import TRTLLM_FORMAT as FORMAT, TrtllmMeta
-from prompt.config import ConfigError, file_sha256, read_json
+from core.artifacts import TRTLLM_FORMAT as FORMAT, TrtllmMeta
+from core.config import ConfigError, file_sha256, read_json
 from prompt.draft_vocab import d2t_sha256
 
 TRTLLM_RELEASE = "1.0.0rc4"

@@ -52,8 +52,8 @@ from models.alpamayo import save_alpamayo
 from models.config import ModelConfig, eagle3_feature_layers
 from models.draft import Draft
 from models.hf import check_causal, hf_config, save_hf
-from prompt.config import ConfigError, file_sha256
-from prompt.graphs import SHAPES
+from core.config import ConfigError, file_sha256
+from core.graphs import SHAPES
 
 EDGELLM_VERSION = "0.11.0"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

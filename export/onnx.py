@@ -49,11 +49,11 @@ from torch import nn
 from models import io
 from models.draft import Draft
 from models.layers import tree_mask
-from prompt.config import ConfigError, file_sha256, to_dict
+from core.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
-from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS,
+from core.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS,
                            IMAGE_BLOCKS, PREFILL, SHAPES, STEP, STEP_TREE, VISION, VISION_FRAME, graph_io as declared_io)
-from prompt.artifacts import ONNX_FORMAT as FORMAT, ONNX_VERSION as FORMAT_VERSION, OPSET, EnginesMeta, stamp_facts
+from core.artifacts import ONNX_FORMAT as FORMAT, ONNX_VERSION as FORMAT_VERSION, OPSET, EnginesMeta, stamp_facts
 from prompt.pixels import images_to_patches
 
 DRAFT_MAPS = ("graph", "host")

@@ -40,7 +40,7 @@ from torch import nn
 from models.config import ExpertConfig, LLMConfig
 from models.layers import DecoderBlock, RMSNorm, attend
 from models.rope import rope_cos_sin
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.trajectory import DT   # s between waypoints (10 Hz), as the scenes' futures and Alpamayo-R1
 
 MAX_FREQ = 100.0         # Fourier features of the action input projection (upstream defaults)

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from prompt.config import ConfigError, read_json
+from core.config import ConfigError, read_json
 
 from models.action_expert import DT, MAX_FREQ, ActionExpert, expert_llm, in_proj_shape
 from models.config import DraftConfig, ExpertConfig, ModelConfig

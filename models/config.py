@@ -22,8 +22,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, check_choice, check_range, load_named
-from prompt.graphs import IMAGE_ATTENTION
+from core.config import ConfigError, check_choice, check_range, load_named
+from core.graphs import IMAGE_ATTENTION
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 VISION_STYLES = ("qwen3", "qwen2.5")

@@ -22,7 +22,7 @@ from models.config import (DraftConfig, ExpertConfig, LLMConfig, ModelConfig, Ta
                            VisionConfig)
 from models.names import check_names
 from models.target import Target
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 STYLES = {"qwen3_vl": "qwen3", "qwen2_5_vl": "qwen2.5"}
 VISION_ACT = {"qwen3": "gelu_pytorch_tanh", "qwen2.5": "silu"}

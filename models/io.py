@@ -41,10 +41,10 @@ from models.draft import Draft
 from models.names import CheckpointError, check_names  # noqa: F401  (re-exported: io.CheckpointError)
 from models.target import Target
 from models.weight_facts import check_weight_facts, header_metadata
-from prompt.config import ConfigError, file_sha256, from_dict, to_dict
+from core.config import ConfigError, file_sha256, from_dict, to_dict
 from prompt.draft_vocab import check_d2t, d2t_sha256
-# read_meta and scan_checkpoints are prompt.artifacts' (io.scan_checkpoints reads a planner folder)
-from prompt.artifacts import CHECKPOINT_FORMAT, CHECKPOINT_VERSION as FORMAT_VERSION, META, MODEL_KINDS, \
+# read_meta and scan_checkpoints are core.artifacts' (io.scan_checkpoints reads a planner folder)
+from core.artifacts import CHECKPOINT_FORMAT, CHECKPOINT_VERSION as FORMAT_VERSION, META, MODEL_KINDS, \
     CheckpointMeta, ModuleFile, read_meta, scan_checkpoints  # noqa: F401
 from prompt.tokenizer import load_tokenizer
 from prompt.vocab import Tokenizer

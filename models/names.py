@@ -7,7 +7,7 @@ from typing import Mapping
 
 import torch
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 
 class CheckpointError(ConfigError):

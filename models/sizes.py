@@ -28,7 +28,7 @@ import torch
 
 from models.action_expert import expert_llm, in_proj_shape
 from models.config import LLMConfig, ModelConfig, VisionConfig
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 
 def linear(n_in: int, n_out: int, bias: bool = True) -> int:

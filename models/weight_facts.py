@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 FACTS_KEY = "specdrive.facts"
 _MROPE = {"head_dim": 32, "rope_theta": 5000000.0, "mrope_section": [6, 5, 5], "interleaved": True}

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-from prompt.config import ConfigError, read_json
+from core.config import ConfigError, read_json
 from prompt.layout import Conditioning
 from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
 from prompt.vocab import ROLE_WORDS, SPECIAL, VocabMasks, attr_name

@@ -19,7 +19,7 @@ import hashlib
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.vocab import SPECIAL, attr_name
 
 

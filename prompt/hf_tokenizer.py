@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
-from prompt.config import ConfigError, read_json
+from core.config import ConfigError, read_json
 from prompt.layout import Conditioning
 from prompt.trajectory import HIST_POSES, delta_history_bins
 from prompt.vocab import VocabMasks

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prompt.config import check_choice, check_range
+from core.config import check_choice, check_range
 from prompt.trajectory import (DT, V0_ESTIMATORS, future_tokens, history_tokens, v0_backward_difference,
                                v0_least_squares)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prompt.config import ConfigError, read_json
+from core.config import ConfigError, read_json
 from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
 from prompt.vocab import FORMAT, SPECIAL, Tokenizer
 

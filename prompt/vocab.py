@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError, from_dict, read_json, to_dict
+from core.config import ConfigError, from_dict, read_json, to_dict
 from prompt.layout import Conditioning
 from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS
 

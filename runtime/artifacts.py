@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from prompt.config import ConfigError
-from prompt.artifacts import (cards_of, check_fingerprint_text, check_one_kind, is_release_config, pinned_fingerprint, read_engines_meta, read_manifest,
+from core.config import ConfigError
+from core.artifacts import (cards_of, check_fingerprint_text, check_one_kind, is_release_config, pinned_fingerprint, read_engines_meta, read_manifest,
                               read_meta, scan_checkpoints)
 from prompt.tokenizer import load_tokenizer as read_tokenizer
 from runtime.backend import BACKENDS, BackendSpec, load_backend
@@ -101,7 +101,7 @@ class ModelSource:
 
 
 def source_fingerprint(src: ModelSource, profile_pin: str | None = None) -> str | None:
-    """The fingerprint of the folder `src` runs (prompt/artifacts.py folder_fingerprint; None for
+    """The fingerprint of the folder `src` runs (core/artifacts.py folder_fingerprint; None for
     a preset), checked against --expect-fingerprint and the planner profile's `fingerprint`
     (ConfigError when either differs)."""
     if src.folder is None:

@@ -51,8 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.artifacts import EnginesMeta, Manifest
-from prompt.config import ConfigError
+from core.artifacts import EnginesMeta, Manifest
+from core.config import ConfigError
 from runtime.acceptance import process_logits, sample
 from runtime.config import ExpertRequest
 

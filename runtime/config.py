@@ -1,7 +1,7 @@
 """Planner configuration: checked dataclasses, one per concern (spec, budget, checks, planner).
 
 YAML presets live in configs/planner/NAME.yaml (one per engine profile: the budget priors
-differ per engine) and are read by `load_planner_config`, which goes through prompt.config.
+differ per engine) and are read by `load_planner_config`, which goes through core.config.
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prompt.config import ConfigError, check_choice, check_range, check_types, from_dict, load_named
-from prompt.artifacts import check_fingerprint_text
-from prompt.graphs import SHAPES
+from core.config import ConfigError, check_choice, check_range, check_types, from_dict, load_named
+from core.artifacts import check_fingerprint_text
+from core.graphs import SHAPES
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "planner"
 CAMERAS = ("front_wide", "front_tele", "cross_left", "cross_right")
@@ -226,7 +226,7 @@ class PlannerConfig:
     image_hw: tuple[int, ...] = SHAPES.image_hw
     frames: int = SHAPES.frames
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
-    fingerprint: str | None = None   # the model folder this profile runs, pinned (prompt/artifacts.py
+    fingerprint: str | None = None   # the model folder this profile runs, pinned (core/artifacts.py
                                      # folder_fingerprint): another folder is refused (exit 2)
     require_pin: bool = False        # true: a run whose model folder no pin covers (this fingerprint or
                                      # --expect-fingerprint) is refused (exit 2), not only said unverified

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.layout import build_prompt
 from prompt.positions import mrope_position_ids
 from prompt.trajectory import HIST_POSES, TrajectoryRangeError, saturate_history, tokens_to_future

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.acceptance import trajectory_range_ids
 from runtime.adaptive import AcceptanceRate, TreeTau
 from runtime.budget import CostModel, CycleBudget, wall_ms

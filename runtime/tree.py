@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prompt.config import ConfigError, check_choice
+from core.config import ConfigError, check_choice
 from prompt.trajectory import DT, FUT_WAYPOINTS, HIST_POSES   # 10 Hz; declared once in prompt/trajectory.py
 
 DRIVE_SECONDS = 8.0              # default drive: cycles at t = -4.0 .. 3.9 s around the scenario's t0

@@ -23,8 +23,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from prompt.artifacts import Table
-from prompt.config import check_range
+from core.artifacts import Table
+from core.config import check_range
 from scenes.config import (CAMERAS, DECISIONS, DRIVE_SECONDS, DT, FAMILIES, FRAME_OFFSETS, FUT_WAYPOINTS,
                            HIST_POSES, LIMITS, MAX_DRIVE_SECONDS, MAX_DRIVES, N_STEPS, SPLIT_FRACTIONS, SPLITS, TIMES, UNSEEN_FAMILY, ConfigError,
                            check_families)

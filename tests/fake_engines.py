@@ -5,8 +5,8 @@ from pathlib import Path
 
 from engines import build as eb
 from engines.profile import Shapes, load_profile
-from prompt.artifacts import read_meta
-from prompt.config import file_sha256
+from core.artifacts import read_meta
+from core.config import file_sha256
 from tests.trt_doubles import build_engine
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny"

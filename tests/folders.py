@@ -2,7 +2,7 @@
 import json
 import shutil
 
-from prompt.artifacts import stamp_facts
+from core.artifacts import stamp_facts
 
 
 def copy_of(folder, tmp_path):

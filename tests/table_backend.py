@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.trajectory import DT, FUT_WAYPOINTS
 from runtime.backend import Backend, PrefillInputs
 

@@ -33,7 +33,7 @@ from models.action_expert import ActionExpert  # noqa: E402
 from models.alpamayo import expected_shapes, load_alpamayo, model_config, save_alpamayo  # noqa: E402
 from models.config import load_preset  # noqa: E402
 from models.target import Target  # noqa: E402
-from prompt.config import ConfigError  # noqa: E402
+from core.config import ConfigError  # noqa: E402
 from prompt.hf_tokenizer import AlpamayoTokenizer  # noqa: E402
 from prompt.layout import ALPAMAYO_INSTRUCTION, ALPAMAYO_SYSTEM, SEG_HISTORY, SEG_VISION, build_prompt  # noqa: E402
 from prompt.tokenizer import load_tokenizer  # noqa: E402

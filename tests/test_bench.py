@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.step import Chain, StepRecord
 from table_backend import TableBackend
 from runtime.budget import FakeClock

@@ -59,7 +59,7 @@ def test_checkpoint_folder_every_draft_same_output(checkpoint, tmp_path, capsys)
         assert len(m["decode_speedup"]["values"]) == 2          # one per repeat
     assert rec["machine"]["cpu"] and rec["machine"]["torch_threads"] == 1
     assert rec["setup"]["repeats"] == 2 and rec["setup"]["backend"] == "torch"
-    from prompt.artifacts import folder_fingerprint      # the stamp `specdrive report` renders from
+    from core.artifacts import folder_fingerprint      # the stamp `specdrive report` renders from
     stamp = rec["stamp"]
     assert stamp["fingerprint"] == folder_fingerprint(checkpoint) == rec["setup"]["fingerprints"][str(checkpoint)]
     assert stamp["command"].startswith(f"specdrive bench --checkpoint {checkpoint}") and stamp["date"].endswith("Z")

@@ -159,7 +159,7 @@ def test_json_that_cannot_be_written_exits_2_before_the_run(preset, drives, tmp_
 
 
 def test_the_drives_fingerprint_is_printed_and_a_pin_that_differs_exits_2(preset, drives, tmp_path, capsys):  # noqa: F811
-    from prompt.artifacts import folder_fingerprint
+    from core.artifacts import folder_fingerprint
 
     fp = folder_fingerprint(drives)
     with pytest.raises(SystemExit) as e:
@@ -184,7 +184,7 @@ def test_the_drives_fingerprint_is_printed_and_a_pin_that_differs_exits_2(preset
 ])
 def test_every_number_of_bench_drives_has_a_range_that_says_its_bounds(field, value, says):
     from bench.whole_drives.measure import DriveBenchConfig
-    from prompt.config import ConfigError
+    from core.config import ConfigError
 
     DriveBenchConfig()
     with pytest.raises(ConfigError, match=says):

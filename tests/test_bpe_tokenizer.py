@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from prompt.bpe import FIXED, BpeTokenizer, train_bpe
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.layout import COMMITMENT, ROUTINE, SEG_COC, Conditioning, build_prompt
 from prompt.tokenizer import load_tokenizer
 from prompt.trajectory import FUT_X_BINS, FUT_Y_BINS, HIST_BINS

@@ -17,8 +17,8 @@ from calibration.pipeline import calibrate_folder
 from calibration.record import CACHE_INPUTS, load
 from calibration.scenes import calibration_scenes
 from engines import build as eb
-from prompt.config import ConfigError, file_sha256
-from prompt.artifacts import read_manifest, read_meta
+from core.config import ConfigError, file_sha256
+from core.artifacts import read_manifest, read_meta
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner

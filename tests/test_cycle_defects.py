@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.trajectory import encode_history, saturate_history
 from prompt.vocab import Tokenizer
 from table_backend import TableBackend

@@ -12,7 +12,7 @@ import pytest
 
 from folders import planner_copy
 from models import io
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "tiny"

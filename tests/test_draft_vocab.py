@@ -15,8 +15,8 @@ import torch
 from models import io
 from models.config import load_preset
 from models.draft import Draft
-from prompt.artifacts import DraftVocab
-from prompt.config import ConfigError, file_sha256
+from core.artifacts import DraftVocab
+from core.config import ConfigError, file_sha256
 from prompt.draft_vocab import build_d2t, check_d2t, coverage, d2t_sha256, kept_ids, token_counts
 from prompt.tokenizer import load_tokenizer
 from train import ckpt

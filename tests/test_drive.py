@@ -12,7 +12,7 @@ import pytest
 
 from bench.closed_loop.loop import MODES, closed_loop, in_force_step, mode_config
 from bench.closed_loop.latency import parse_latency
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.config import load_planner_config
 from scenes.agents import GREEN, RED, Agent, light_schedule, static
 from bench.closed_loop.ego_path import drive_metrics, hold_plan, line_violations

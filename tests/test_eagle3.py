@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from models import io
 from models.config import DraftConfig, ModelConfig, eagle3_feature_layers, load_preset
 from models.draft import Draft
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.draft_vocab import build_d2t, token_counts
 from prompt.tokenizer import load_tokenizer
 from train import ckpt

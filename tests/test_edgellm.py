@@ -29,7 +29,7 @@ from folders import set_layout
 from models import io
 from models.config import load_preset
 from models.draft import Draft
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.draft_vocab import build_d2t, d2t_sha256, token_counts
 from prompt.layout import build_prompt
 from prompt.tokenizer import load_tokenizer

@@ -14,9 +14,9 @@ from onnx import TensorProto, helper
 from folders import layout_of
 from engines import build as eb
 from engines.profile import EngineProfile, GraphPrecision, known_profiles, load_profile
-from prompt.artifacts import TensorSpec, read_manifest
-from prompt.config import ConfigError, file_sha256
-from prompt.graphs import required_graphs
+from core.artifacts import TensorSpec, read_manifest
+from core.config import ConfigError, file_sha256
+from core.graphs import required_graphs
 from runtime.config import load_planner_config
 from tools import cli
 

@@ -1,4 +1,4 @@
-"""A folder's fingerprint (prompt/artifacts.py folder_fingerprint): a sha256 over its cards and
+"""A folder's fingerprint (core/artifacts.py folder_fingerprint): a sha256 over its cards and
 every file they name, printed at start by plan / bench / drive and pinnable (--expect-fingerprint,
 the planner profile's `fingerprint`, --expect-drives-fingerprint), so a folder rewritten with its
 hashes recomputed (what the facts hash cannot tell) is refused with exit 2."""
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prompt.artifacts import folder_fingerprint, pinned_fingerprint, stamp_facts
-from prompt.config import ConfigError
+from core.artifacts import folder_fingerprint, pinned_fingerprint, stamp_facts
+from core.config import ConfigError
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig
 
@@ -181,7 +181,7 @@ def test_an_export_whose_graphs_lost_their_rope_metadata_is_refused_unpinned(tin
     rope_theta restamped ran unpinned with other reasoning; a graph of this format version without
     it is refused."""
     import onnx
-    from prompt.config import file_sha256
+    from core.config import file_sha256
 
     e = tmp_path / "e"
     shutil.copytree(tiny_onnx, e)

@@ -172,7 +172,7 @@ def test_alpamayo_round_trip(tmp_path, cfg, planner):
 def test_save_alpamayo_refuses_a_frame_local_target_and_writes_nothing(tmp_path, cfg, planner):
     """Like save_hf: upstream's VLM and the runtimes that read the release layout build a causal
     mask, so a frame_local target would be run as another model."""
-    from prompt.config import ConfigError
+    from core.config import ConfigError
 
     _, _, expert = planner
     llm = dataclasses.replace(cfg.target.llm, image_attention="frame_local")

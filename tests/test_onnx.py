@@ -13,14 +13,14 @@ import torch
 
 from export import onnx as ex
 from models import io
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig
 from runtime.planner import Planner
 from scenes.world import make_scene
 from tests.folders import copy_of, edit_meta
-from prompt.config import file_sha256
-from prompt.artifacts import read_meta, stamp_facts
+from core.config import file_sha256
+from core.artifacts import read_meta, stamp_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "tiny"

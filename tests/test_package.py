@@ -11,7 +11,7 @@ else:                                   # Python 3.10 (JetPack 6): the backport,
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ["prompt", "scenes", "models", "train", "export", "calibration", "engines", "runtime", "bench", "tools"]
+OURS = ["core", "prompt", "scenes", "models", "train", "export", "calibration", "engines", "runtime", "bench", "tools"]
 
 
 def _top_level_names(dist) -> set[str]:
@@ -63,7 +63,7 @@ def test_import_contracts_hold():
 
 
 def test_prompt_is_numpy_only():
-    code = "import sys, prompt.vocab, prompt.layout, prompt.trajectory, prompt.config; " \
+    code = "import sys, prompt.vocab, prompt.layout, prompt.trajectory, core.config; " \
            "print(' '.join(m for m in ('torch', 'yaml', 'models', 'scenes') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing prompt loaded {out.stdout.strip()}"

@@ -4,7 +4,7 @@ checks, and the next cycle works."""
 import numpy as np
 import pytest
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.vocab import Tokenizer
 from table_backend import TableBackend
 from runtime.checks import check_trajectory

@@ -56,7 +56,7 @@ def test_bad_arguments_exit_2_with_the_reason(tmp_path, args, message):
 
 
 def test_an_artifact_is_what_its_meta_json_says(tmp_path):
-    from prompt.config import ConfigError
+    from core.config import ConfigError
     from runtime.artifacts import find_checkpoints
 
     (tmp_path / "weird_name").mkdir()
@@ -71,7 +71,7 @@ def test_an_artifact_is_what_its_meta_json_says(tmp_path):
 
 
 def test_a_folder_with_several_drafts_runs_the_named_one_or_flat(tmp_path):
-    from prompt.config import ConfigError
+    from core.config import ConfigError
     from runtime.artifacts import find_checkpoints
 
     def meta(folder, **fields):

@@ -5,7 +5,7 @@ import pytest
 
 from models.config import load_preset
 from models.sizes import param_counts
-from prompt.config import ConfigError
+from core.config import ConfigError
 from bench.common.projection import Device, Shapes, Workload, memory_report, project, prompt_tokens, remedies, stage_costs
 from bench.common.devices import load_devices
 from bench.roofline.command import validate

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.layout import SEG_COC, SEG_FUTURE, SEG_HISTORY, SEG_VISION, build_prompt
 from prompt.trajectory import (FUT_X_STEP, FUT_Y_STEP, HIST_STEP, TrajectoryRangeError, decode_future,
                                decode_history, encode_future, encode_history, tokens_to_future,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prompt.artifacts import folder_fingerprint
+from core.artifacts import folder_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = folder_fingerprint(ROOT / "checkpoints" / "tiny")

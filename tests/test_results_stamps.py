@@ -1,6 +1,6 @@
 """Every table in README.md and docs/*.md is rendered on the shipped checkpoint (issue 39).
 
-Cheap: no model runs. The fingerprint of checkpoints/tiny (prompt/artifacts.py
+Cheap: no model runs. The fingerprint of checkpoints/tiny (core/artifacts.py
 folder_fingerprint) must be the one every `<!-- results NAME fingerprint=... -->` marker carries,
 and every markdown table must sit between results markers or be marked `<!-- reference table -->`
 (no measured number). `specdrive report` (tools/report.py, bench/report/command.py) renders the tables; bench/report/registry.py
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from prompt.artifacts import folder_fingerprint
-from prompt.config import ConfigError
-from prompt.stamp import (blocks, engines_checkpoint, published_problems, replace_block, results_stamp,
+from core.artifacts import folder_fingerprint
+from core.config import ConfigError
+from core.stamp import (blocks, engines_checkpoint, published_problems, replace_block, results_stamp,
                           stamp_line)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from bench.report import registry, summary
-from prompt.artifacts import folder_fingerprint
-from prompt.config import ConfigError
-from prompt.stamp import blocks
+from core.artifacts import folder_fingerprint
+from core.config import ConfigError
+from core.stamp import blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = folder_fingerprint(ROOT / "checkpoints" / "tiny")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from prompt.config import ConfigError, from_dict
+from core.config import ConfigError, from_dict
 from prompt.vocab import Tokenizer
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, ReuseConfig, load_planner_config

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.artifacts import ModelSource
 from runtime.config import PlannerConfig, load_planner_config, with_overrides
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models import io
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.vocab import Tokenizer
 from runtime.artifacts import find_checkpoints
 from models.io import with_tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from scenes import language as L
 from scenes.config import DRIVE_SECONDS, DT, FRAME_OFFSETS, N_STEPS
 from scenes.dataset import DriveConfig, generate_drives, load_drives, scene_seed

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from models import io
-from prompt.config import ConfigError
+from core.config import ConfigError
 from train import config, ship
 from train.config import ShipConfig, ship_vocab
 

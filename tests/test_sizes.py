@@ -11,7 +11,7 @@ from models.config import ExpertConfig, LLMConfig, ModelConfig, TargetConfig, Vi
 from models.draft import Draft
 from models.sizes import draft_steps, kv_cache_bytes, param_counts, step_cost_ratio
 from models.target import Target
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 
 def qwen25_variant() -> ModelConfig:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.layers import frame_local_mask, image_blocks
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import ReuseConfig, load_planner_config
 from runtime.planner import Planner
@@ -146,7 +146,7 @@ def causal_onnx(tiny_onnx, tmp_path_factory):
     import onnx
 
     from folders import edit_meta
-    from prompt.config import file_sha256
+    from core.config import file_sha256
 
     out = tmp_path_factory.mktemp("engines") / "tiny-causal-ort"
     shutil.copytree(tiny_onnx, out)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("prompt", "scenes", "models", "runtime", "train", "bench", "tools", "export", "calibration", "engines")
+PACKAGES = ("core", "prompt", "scenes", "models", "runtime", "train", "bench", "tools", "export", "calibration", "engines")
 OUTSIDE_MODELS = ("runtime", "train", "bench", "tools")
 # what only models/ may write: the pieces of a decoder layer, attention, the draft's fusion
 # and the cache writes of the one cache contract
@@ -180,11 +180,24 @@ def test_backend_host_logic_is_written_once_in_the_base():
     assert not hits, hits
 
 
+CORE_NAMES = ("config", "artifacts", "stamp", "graphs")
+
+
+def test_the_ground_floor_is_core_and_prompt_holds_the_prompt_contract_alone():
+    """config, the artifact cards, the stamps and the graph names live in core/ (import-linter keeps
+    core from importing any room); prompt/ has no module of those names and nothing imports one."""
+    assert all((ROOT / "core" / f"{n}.py").is_file() for n in CORE_NAMES)
+    assert not [n for n in CORE_NAMES if (ROOT / "prompt" / f"{n}.py").exists()]
+    old = re.compile(rf"^\s*(from|import) prompt\.({'|'.join(CORE_NAMES)})\b", re.M)
+    hits = [str(f.relative_to(ROOT)) for f, text in sources([*PACKAGES, "tests"]) if old.search(text)]
+    assert not hits, hits
+
+
 def test_graph_names_are_declared_once():
-    """The graph names only prompt/graphs.py spells (the other graph names, "vision", "prefill" and
+    """The graph names only core/graphs.py spells (the other graph names, "vision", "prefill" and
     "step", are also stage names and meta.json sections, so they are not checked here)."""
     hits = []
-    for f, text in sources([p for p in PACKAGES if p != "prompt"]):
+    for f, text in sources([p for p in PACKAGES if p != "core"]):
         for name in ONLY_IN_GRAPHS:
             hits += [f"{f.relative_to(ROOT)}: {name!r}" for _ in re.finditer(rf"[\"']{name}[\"']", text)]
     assert not hits, hits
@@ -194,7 +207,7 @@ def test_engine_precisions_cover_exactly_the_declared_graphs():
     import dataclasses
 
     from engines.profile import GraphPrecision
-    from prompt.graphs import GRAPHS, SHAPES
+    from core.graphs import GRAPHS, SHAPES
     from runtime.config import CAMERAS
 
     assert tuple(f.name for f in dataclasses.fields(GraphPrecision)) == GRAPHS
@@ -280,7 +293,7 @@ def test_the_py310_check_covers_every_python_file():
 
 
 # --- one way to configure a run (issue 34): libraries take typed configs, never a Namespace -------
-LIBRARIES = ("prompt", "scenes", "models", "runtime", "train", "export", "calibration", "engines", "bench")
+LIBRARIES = ("core", "prompt", "scenes", "models", "runtime", "train", "export", "calibration", "engines", "bench")
 
 
 def namespace_params(tree) -> list[tuple[int, str, str]]:

@@ -11,7 +11,7 @@ from models.config import (ConfigError, LLMConfig, ModelConfig, VisionConfig,
 from models.layers import cache_rows
 from models.rope import rope_cos_sin
 from models.target import Target
-from prompt.config import from_dict
+from core.config import from_dict
 from prompt.pixels import images_to_patches
 from prompt.positions import mrope_decode_position_ids, mrope_position_ids, rope_tables
 

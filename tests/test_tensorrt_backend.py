@@ -17,8 +17,8 @@ import pytest
 
 from engines import build as eb
 from engines.profile import load_profile
-from prompt.config import ConfigError, file_sha256
-from prompt.artifacts import stamp_facts
+from core.config import ConfigError, file_sha256
+from core.artifacts import stamp_facts
 from prompt.tokenizer import load_tokenizer
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config

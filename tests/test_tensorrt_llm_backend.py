@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from export import onnx as ex
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, SpecConfig, load_planner_config
 from runtime.planner import Planner

@@ -49,7 +49,7 @@ def test_shipped_models_load_and_reason():
 def test_one_loader_refuses_a_reordered_tokenizer():
     """models.io checks the tokenizer fingerprint the checkpoint recorded: two tokens with their
     ids swapped give the same sizes and special ids but other meanings."""
-    from prompt.config import ConfigError
+    from core.config import ConfigError
     from prompt.tokenizer import load_tokenizer
 
     tok = load_tokenizer(SHIPPED)

@@ -3,7 +3,7 @@ differences, draft grouping by run folder, and config overrides from the command
 import numpy as np
 import pytest
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from train import claims, claims_report, config, metrics
 
 

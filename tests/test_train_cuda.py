@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from train import aarl, config, distill, evaluate, loop, sft
 from train_inputs import stage_root
 

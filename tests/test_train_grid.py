@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from train import ckpt, grid
 
 PLANNER = "checkpoints/tiny"

@@ -3,7 +3,7 @@ schedule and the configs refuse nonsense with a message naming the value."""
 import pytest
 import torch
 
-from prompt.config import ConfigError, from_dict
+from core.config import ConfigError, from_dict
 from train import config, data, dist, loop
 from train.config import RunConfig
 

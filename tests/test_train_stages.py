@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from models import io
-from prompt.config import ConfigError
+from core.config import ConfigError
 from train import config, distill, evaluate, sft, ship, vision
 from train import aarl as aarl_stage
 from train_inputs import stage_root

@@ -9,7 +9,7 @@ import safetensors.torch
 import torch
 import yaml
 
-from prompt.config import ConfigError, from_dict
+from core.config import ConfigError, from_dict
 from train import config, data, metrics, sft, vision
 from train_inputs import stage_root
 

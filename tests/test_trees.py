@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from policies import FixedK
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.adaptive import StepPolicy
 from runtime.backends.torch import TorchBackend, noised_copy
 from runtime.budget import CostModel, CycleBudget

@@ -18,8 +18,8 @@ from engines import build as eb
 from engines import trtllm
 from engines.profile import GraphPrecision, TrtllmConfig, load_profile
 from models import io
-from prompt.artifacts import read_manifest
-from prompt.config import ConfigError
+from core.artifacts import read_manifest
+from core.config import ConfigError
 from prompt.tokenizer import load_tokenizer
 from runtime.config import load_planner_config
 

@@ -12,7 +12,7 @@ import pytest
 from models import io
 from models.config import load_preset
 from models.weight_facts import FACTS_KEY, LEGACY, module_facts
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "tiny"

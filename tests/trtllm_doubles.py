@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prompt.artifacts import read_engines_meta
+from core.artifacts import read_engines_meta
 from prompt.positions import rope_tables
 from runtime.backends.onnxruntime import open_sessions
 from tests.trt_doubles import ContractError

@@ -7,7 +7,7 @@ import math
 import re
 from pathlib import Path
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.artifacts import ModelSource
 from runtime.backend import BACKENDS
 from runtime.config import tree_shape

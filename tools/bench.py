@@ -19,7 +19,7 @@ from bench.speedup.measure import BenchConfig
 from bench.whole_drives import command as whole_drives
 from bench.whole_drives.command import DrivesRun
 from bench.whole_drives.measure import DriveBenchConfig
-from prompt.config import ConfigError
+from core.config import ConfigError
 from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
 from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, integer, model_source, out_file, tree_list
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from tools.argtypes import integer
 
 PRECISIONS = ("int8", "int8_sq", "fp8", "int4_awq")
@@ -49,7 +49,7 @@ def common(p) -> None:
 
 
 def _open(args):
-    from prompt.artifacts import EnginesMeta, read_meta
+    from core.artifacts import EnginesMeta, read_meta
     from runtime.artifacts import load_tokenizer
     from runtime.config import load_planner_config
 

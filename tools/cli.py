@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 
 class UsageError(ConfigError):

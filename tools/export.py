@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.config import load_planner_config
 from tools.argtypes import integer
 

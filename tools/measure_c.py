@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from models.config import load_preset
     from models.sizes import step_cost_ratio
-    from prompt.config import ConfigError
+    from core.config import ConfigError
 
     if args.threads:
         torch.set_num_threads(args.threads)  # this process only

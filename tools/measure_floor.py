@@ -57,7 +57,7 @@ def run_floor(parser, args) -> int:
 
     from bench.roofline.floor import FloorRun, format_floor, measure_floor
     from models.config import load_preset
-    from prompt.config import ConfigError
+    from core.config import ConfigError
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -71,7 +71,7 @@ def run_floor(parser, args) -> int:
         parser.exit(2, f"measure_c: {e}\n")
     print(format_floor(out))
     if args.json:
-        from prompt.stamp import results_stamp
+        from core.stamp import results_stamp
 
         out["stamp"] = results_stamp(None)          # random weights: no checkpoint
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import argparse
 import importlib
 import sys
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from tools.argtypes import integer
 from train import config
 

@@ -41,7 +41,7 @@ import torch
 from models import io
 from models.chain import rollout
 from models.draft import shift_features
-from prompt.config import to_dict
+from core.config import to_dict
 from scenes import dataset
 from train import ckpt, data, dist, loop, metrics, reasoning
 from train.config import AARLConfig

@@ -20,7 +20,7 @@ from pathlib import Path
 from models import io
 from models.config import DraftConfig, ModelConfig
 from models.draft import Draft
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.draft_vocab import d2t_sha256
 
 VARIANTS = {  # draft variant -> (rope, features)

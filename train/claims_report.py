@@ -285,9 +285,9 @@ def alpha_position_png(splits: dict, png, split: str = "test", max_pos: int = 60
 
 
 def marked(name: str, table: list[str], stamp: dict | None, source: str) -> list[str]:
-    """A table between the results markers `specdrive report` re-renders (prompt/stamp.py), with
+    """A table between the results markers `specdrive report` re-renders (core/stamp.py), with
     the metrics' stamp: its checkpoint fingerprint is what tests/test_results_stamps.py checks."""
-    from prompt.stamp import stamp_line
+    from core.stamp import stamp_line
 
     stamp = stamp or {}
     return [f"<!-- results claims-{name} fingerprint={stamp.get('fingerprint') or 'unknown'} -->",

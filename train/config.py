@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from models.config import IMAGE_ATTENTION
-from prompt.config import ConfigError, check_choice, check_range, load_yaml
+from core.config import ConfigError, check_choice, check_range, load_yaml
 
 STAGES = ("vision", "sft", "distill", "aarl")
 DEVICES = ("cpu", "cuda")

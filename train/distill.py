@@ -27,7 +27,7 @@ from models import io
 from models.chain import chain_forward
 from models.draft import Draft
 from prompt import draft_vocab
-from prompt.config import to_dict
+from core.config import to_dict
 from train import ckpt, data, dist, loop, reasoning, vocab
 from train.config import DistillConfig, RunConfig
 from train.teachers import Teacher, build_teachers, draft_inputs

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from models import io
-from prompt.config import ConfigError
+from core.config import ConfigError
 from models.chain import attention_probs, chain_forward
 from runtime.backend import load_backend
 from runtime.config import PlannerConfig, SpecConfig
@@ -262,7 +262,7 @@ def run(cfg: EvalConfig) -> str:
     sha = io.target_sha256(io.scan_checkpoints(cfg.planner)[0])
     drafts = {name: io.load_draft(_draft_path(cfg.planner, name), model_cfg, target, target_sha=sha)[1].to(dev)
               for name in cfg.drafts if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
-    from prompt.stamp import results_stamp
+    from core.stamp import results_stamp
 
     results = {"stamp": results_stamp(cfg.planner), "planner": cfg.planner, "k": cfg.k, "splits": {}}
     for split in cfg.splits:

@@ -33,8 +33,8 @@ import numpy as np
 from tqdm import tqdm
 
 from models import io
-from prompt.config import ConfigError, check_choice, check_range, load_yaml
-from prompt.stamp import results_stamp
+from core.config import ConfigError, check_choice, check_range, load_yaml
+from core.stamp import results_stamp
 from scenes import dataset
 from train import aarl, ckpt, config, data, distill, evaluate, loop, reasoning
 from train.teachers import build_teachers

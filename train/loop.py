@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from train import dist, state
 from train.config import RunConfig
 

@@ -29,7 +29,7 @@ from models import io
 from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.target import Target
-from prompt.config import to_dict
+from core.config import to_dict
 from prompt.tokenizer import load_tokenizer
 from train import data, dist, loop
 from train.config import SFTConfig

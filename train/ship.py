@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from models import io
-from prompt.config import ConfigError
+from core.config import ConfigError
 from train.ckpt import target_sha256
 from train.config import ShipConfig, ship_vocab
 

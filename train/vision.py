@@ -27,7 +27,7 @@ from torch import nn
 
 from models.config import load_preset
 from models.vision import VisionTower
-from prompt.config import ConfigError, to_dict
+from core.config import ConfigError, to_dict
 from scenes import dataset
 from scenes.config import DECISIONS
 from train import data, dist, loop

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from prompt.bpe import DEFAULT_VOCAB_SIZE, BpeTokenizer, train_bpe
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.vocab import ROLE_WORDS, Tokenizer
 from scenes import coc
 

@@ -15,7 +15,7 @@ from bench.closed_loop.report import table
 from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer, source_stamp
 from bench.common.threads import torch_threads
 from runtime.artifacts import ModelSource, open_backend
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.config import PlannerConfig, load_planner_config
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.budget import FakeClock, wall_ms
 from runtime.config import ExpertRequest
 

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.config import PlannerConfig, with_overrides
 from bench.closed_loop.ego_path import compose, drive_metrics, hold_plan, plan_step, speeds
 from scenes.config import DT

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from prompt.config import ConfigError
-from prompt.artifacts import scan_checkpoints
+from core.config import ConfigError
+from core.artifacts import scan_checkpoints
 from runtime.artifacts import ModelSource, backend_spec
 from runtime.backend import BackendSpec, load_backend
 

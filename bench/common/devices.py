@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common.projection import Device, Workload
-from prompt.config import from_dict, load_yaml
+from core.config import from_dict, load_yaml
 
 DEVICES_FILE = Path(__file__).resolve().parents[2] / "configs" / "devices.yaml"
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 from models.config import LLMConfig, ModelConfig
 from models.sizes import param_counts
-from prompt.config import ConfigError, check_choice, check_range
-from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED, SHAPES
+from core.config import ConfigError, check_choice, check_range
+from core.graphs import DRAFT_CHAIN, DRAFT_FEED, SHAPES
 
 # precision -> (bytes per weight, which peak does the arithmetic). bf16 runs at the fp16 tensor
 # peak (the same on Ampere, Hopper, Blackwell data sheets). int4 is weight-only (AWQ):

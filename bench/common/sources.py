@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from prompt.vocab import Tokenizer
 from scenes import coc, dataset, world
 
@@ -78,7 +78,7 @@ def announce_fingerprints(src, profile_pin: str | None = None, drives: Path | No
     An unpinned model folder is refused with `require_pin` (the profile's), and on a vehicle path
     (plan --engines, drive) said once to be unverified. Returns {folder: fingerprint} for the
     run's record."""
-    from prompt.artifacts import pinned_fingerprint
+    from core.artifacts import pinned_fingerprint
     from runtime.artifacts import source_fingerprint
 
     out = {}
@@ -108,11 +108,11 @@ def _unpinned(folder, fp: str, require_pin: bool) -> None:
 
 
 def source_stamp(src, fingerprints: dict, command: str | None = None) -> dict:
-    """The results stamp (prompt/stamp.py) of a run of `src`, from the fingerprints
+    """The results stamp (core/stamp.py) of a run of `src`, from the fingerprints
     announce_fingerprints printed: a checkpoint folder's own; an engines folder's source
     checkpoint (checked to hold the modules it was exported from), with the engines folder's
     fingerprint beside it. A preset (random weights) is stamped with no checkpoint."""
-    from prompt.stamp import engines_stamp, results_stamp
+    from core.stamp import engines_stamp, results_stamp
 
     if src.checkpoint is not None:
         return results_stamp(src.checkpoint, fingerprints, command)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.artifacts import read_manifest
+from core.artifacts import read_manifest
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import load_planner_config, with_overrides
 from runtime.planner import Planner

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from prompt.config import check_range
+from core.config import check_range
 from runtime import trace
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import load_planner_config

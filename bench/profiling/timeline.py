@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common.accept_map import token_classes
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 COLORS = {"prompt": "#8c564b", "vision": "#6b4fa8", "prefill": "#3b6fd4", "fallback": "#e0a422", "fallback_wait": "#b0b0b0",
           "reasoning": "#3a9a4a", "expert_wait": "#c8c8c8", "trajectory": "#e07b22"}

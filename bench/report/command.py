@@ -4,7 +4,7 @@ the run's own stamped JSON where that is there; with run_stale, first re-run eac
 (bench/report/registry.py) that has neither, or is stamped with another checkpoint than checkpoints/tiny.
 
 Each table sits between `<!-- results NAME fingerprint=... -->` and `<!-- /results NAME -->`
-(prompt/stamp.py). A run with neither JSON nor summary is a ConfigError (exit 2) naming the table
+(core/stamp.py). A run with neither JSON nor summary is a ConfigError (exit 2) naming the table
 and the command to run, unless the registry says why its summary is not kept (`unkept`): its
 tables are then left as written, and a line says so. check: write nothing; 1 when a table or a
 summary would change, or is stale.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.report import registry, summary
-from prompt.config import ConfigError
-from prompt.stamp import SHIPPED, folder_fingerprint, replace_block, stale_markers, stamp_line
+from core.config import ConfigError
+from core.stamp import SHIPPED, folder_fingerprint, replace_block, stale_markers, stamp_line
 
 
 @dataclass(frozen=True)

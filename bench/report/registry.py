@@ -2,7 +2,7 @@
 
 Two tables:
 - RUNS: NAME -> the commands that make a results JSON and the JSON files they write (each JSON
-  carries a `stamp`, prompt/stamp.py: checkpoint fingerprint, command, date, commit), and kept in
+  carries a `stamp`, core/stamp.py: checkpoint fingerprint, command, date, commit), and kept in
   git as results/NAME.json: the fields its tables read, with the stamp (bench/report/summary.py).
 - TABLES: NAME -> the runs it reads, the renderer (records -> markdown) and the markdown files
   holding `<!-- results NAME fingerprint=... -->` ... `<!-- /results NAME -->`.

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 
 FOLDER = Path("results")
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from prompt.config import ConfigError, read_json
+from core.config import ConfigError, read_json
 from bench.common.devices import load_devices
 from bench.common.projection import (Device, Workload, drive_cycle, memory_report, project, project_trees, remedies,
                                      stage_costs)
@@ -134,7 +134,7 @@ def run(q: RooflineRun) -> int:
         result["validation"] = validate(cfg, dev, w, read_stats(q.validate))
         print(format_validation(result["validation"]))
     if q.json:
-        from prompt.stamp import SHIPPED, results_stamp
+        from core.stamp import SHIPPED, results_stamp
 
         # a projection of the preset: it reads no checkpoint (--bench/--validate records carry their own)
         result["stamp"] = results_stamp(SHIPPED, reads_checkpoint=False)

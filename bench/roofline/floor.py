@@ -33,8 +33,8 @@ import torch
 
 from bench.common.projection import Shapes
 from models.layers import fuse_projections, kv_bucket
-from prompt.config import ConfigError, check_choice, check_range
-from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED
+from core.config import ConfigError, check_choice, check_range
+from core.graphs import DRAFT_CHAIN, DRAFT_FEED
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PATHS = ("inference", "reference")

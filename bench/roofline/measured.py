@@ -23,8 +23,8 @@ import dataclasses
 import math
 
 from bench.common.projection import Device, Shapes
-from prompt.config import ConfigError, read_json
-from prompt.graphs import DRAFT_CHAIN, DRAFT_FEED
+from core.config import ConfigError, read_json
+from core.graphs import DRAFT_CHAIN, DRAFT_FEED
 
 DTYPE_PRECISION = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 KINDS = (DRAFT_FEED, DRAFT_CHAIN, "vision", "prefill", "expert")

@@ -23,7 +23,7 @@ from bench.common.sources import announce_fingerprints, check_scene_cameras, def
 from bench.common.threads import torch_threads
 from bench.speedup import report
 from bench.speedup.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.artifacts import ModelSource
 from runtime.config import load_planner_config
 

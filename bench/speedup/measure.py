@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from prompt.config import ConfigError, check_range
+from core.config import ConfigError, check_range
 from runtime.budget import wall_ms
 from runtime.config import K_MAX_LIMIT, PlannerConfig, tree_shape, with_overrides
 from runtime.planner import Planner

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.artifacts import find_checkpoints, load_tokenizer
 from runtime.backend import load_backend
 from runtime.checks import ego_speed

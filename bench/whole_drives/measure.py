@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from prompt.config import ConfigError, check_range
+from core.config import ConfigError, check_range
 from runtime.config import PlannerConfig, ReuseConfig, tree_shape, with_overrides
 from runtime.planner import Planner
 from bench.common import accept_map

@@ -3,7 +3,7 @@ TensorRT): what is decided on the host, written once. The engine-specific part (
 and moving its tensors) stays in each backend module.
 
     shapes       meta.json's target / draft dimensions, max_len, fused features (meta.json is
-                 read and checked whole by prompt/artifacts.py: EnginesMeta)
+                 read and checked whole by core/artifacts.py: EnginesMeta)
     rotary       prompt.positions.rope_tables: M-RoPE (target), FlatRoPE or M-RoPE (draft)
     draft map    a reduced draft head's d2t (meta.json draft_vocab), applied in the graph or here
     action       the checks of a trajectory request, the seeded noise, the expert's rotary tables
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from prompt.artifacts import EnginesMeta
-from prompt.config import ConfigError
+from core.artifacts import EnginesMeta
+from core.config import ConfigError
 from prompt.draft_vocab import check_d2t, d2t_sha256
-from prompt.graphs import IMAGE_BLOCKS, PREFILL
+from core.graphs import IMAGE_BLOCKS, PREFILL
 from prompt.pixels import images_to_patches
 from prompt.positions import rope_tables
 from runtime.backend import Backend, expert_noise

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from prompt.artifacts import ONNX_FORMAT, EnginesMeta
-from prompt.config import ConfigError, file_sha256
-from prompt.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL,
+from core.artifacts import ONNX_FORMAT, EnginesMeta
+from core.config import ConfigError, file_sha256
+from core.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL,
                            STEP, STEP_TREE, VISION, VISION_FRAME)
 from runtime.backend import BackendSpec, PrefillInputs, image_rows
 from runtime.backends.graphs import GraphBackend, split_frames
@@ -274,7 +274,7 @@ class OrtBackend(GraphBackend):
 
 def check_meta(folder: Path, meta: EnginesMeta) -> None:
     """Refuse a folder that is not what its meta.json says (read and checked whole by
-    prompt.artifacts), naming the difference: its backend, precisions, graph files."""
+    core.artifacts), naming the difference: its backend, precisions, graph files."""
     if meta.backend != "onnxruntime":
         raise ConfigError(f"{folder}/meta.json: backend {meta.backend!r}; expected {ONNX_FORMAT!r} graphs for "
                           "'onnxruntime'")

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.artifacts import EnginesMeta, Manifest
-from prompt.config import ConfigError
-from prompt.graphs import VISION
+from core.artifacts import EnginesMeta, Manifest
+from core.config import ConfigError
+from core.graphs import VISION
 from runtime.backend import Backend, BackendSpec, PrefillInputs, periodic_mask
 
 INSTALL = ("TensorRT-LLM runs on x86 and Grace/Hopper GPUs and Thor (`pip install tensorrt_llm`, or NVIDIA's "

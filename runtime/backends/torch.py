@@ -33,8 +33,8 @@ from models.draft import shift_features
 from models.rope import apply_rope
 from models.layers import move_rows, tree_mask
 from models.target import Target, write_image_blocks
-from prompt.config import ConfigError
-from prompt.graphs import SHAPES
+from core.config import ConfigError
+from core.graphs import SHAPES
 from prompt.pixels import images_to_patches
 from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise, image_rows
 from runtime.backends.torch_step import DeviceStep, HostLink, raw_costs

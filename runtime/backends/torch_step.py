@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from prompt.config import ConfigError
+from core.config import ConfigError
 from runtime.backend import GreedyOutcome
 
 STAGING = 4        # host arrays one step sends up: pending, the draft's feed, a lookup proposal

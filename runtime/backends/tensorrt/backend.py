@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.artifacts import EnginesMeta, Manifest
-from prompt.config import ConfigError
-from prompt.graphs import (ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL,
+from core.artifacts import EnginesMeta, Manifest
+from core.config import ConfigError
+from core.graphs import (ACTION_GRAPHS, ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL,
                            IMAGE_BLOCKS, PREFILL, STEP, STEP_TREE, VISION, VISION_FRAME)
 from runtime.backend import BackendSpec, PrefillInputs, image_rows
 from runtime.backends.graphs import GraphBackend, split_frames

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prompt.artifacts import EnginesMeta, Manifest
-from prompt.config import ConfigError, file_sha256
+from core.artifacts import EnginesMeta, Manifest
+from core.config import ConfigError, file_sha256
 from runtime.backends.tensorrt.cuda import Cuda
 
 # fp32 graphs build at the profile's fp32 / fp16 / bf16

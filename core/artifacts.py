@@ -17,12 +17,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from prompt.config import ConfigError, read_json
-from prompt.graphs import DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, IMAGE_ATTENTION, IMAGE_BLOCKS, \
+from core.config import ConfigError, read_json
+from core.graphs import DRAFT_CHAIN, DRAFT_FEATURES, DRAFT_FEED, DRAFT_PREFILL, FEATS, IMAGE_ATTENTION, IMAGE_BLOCKS, \
     OPTIONAL, VISION, VISION_FRAME, graph_io, required_graphs
-from prompt.pixels import images_to_patches
 
 META = "meta.json"
 MANIFEST = "manifest.json"
@@ -192,7 +189,7 @@ class EnginesMeta(Card):
     @classmethod
     def from_dict(cls, meta: dict, folder) -> EnginesMeta:
         """Checked whole: format, version, opset, the graph list the draft needs, every graph file
-        inside the folder, the declared names and shapes against prompt/graphs.py and the facts
+        inside the folder, the declared names and shapes against core/graphs.py and the facts
         they follow from (image size -> patches, draft features -> feature widths)."""
         where = f"{folder}/{META}"
         f = Table(meta, where)
@@ -266,7 +263,7 @@ def _tensors(specs: list, where: str, prefix: str) -> tuple:
 
 
 def _check_io_names(where: str, name: str, graph: dict, features: str) -> None:
-    """A graph's declared input and output names are the ones prompt/graphs.py declares."""
+    """A graph's declared input and output names are the ones core/graphs.py declares."""
     want = graph_io(name, features)
     for side, names in (("inputs", want.inputs), ("outputs", want.outputs)):
         got = tuple(t.get("name") if isinstance(t, dict) else None for t in graph[side] or ())
@@ -302,20 +299,29 @@ def _action(f: Table) -> ActionShapes:
                         ranged("n_waypoints", 1, 1 << 12), ranged("action_dim", 1, 16))
 
 
+def patch_shapes(n: int, hw, patch: int, temporal_patch: int, merge: int) -> tuple[list, list]:
+    """The shape of the patches of n RGB images of hw = (H, W) and their grid_thw, as
+    prompt.pixels.images_to_patches makes them (no pixels needed: the arithmetic only)."""
+    H, W = hw
+    if H % (patch * merge) or W % (patch * merge):
+        raise ValueError(f"image size {H}x{W} must be divisible by patch*merge={patch * merge}")
+    gh, gw = H // patch, W // patch
+    return [n * gh * gw, 3 * temporal_patch * patch * patch], [[1, gh, gw]] * n
+
 def _check_declared_shapes(where: str, meta: EnginesMeta) -> None:
     p, v, t, d, graphs = meta.prompt, meta.vision, meta.target, meta.draft_llm, meta.graphs
-    images = np.zeros((p.cameras * p.frames, *p.image_hw, 3), np.uint8)
+    images = p.cameras * p.frames
     try:
-        patches, grid = images_to_patches(images, v.patch, v.temporal_patch, v.merge)
+        patches, grid = patch_shapes(images, p.image_hw, v.patch, v.temporal_patch, v.merge)
     except ValueError as e:
         raise ConfigError(f"{where}: prompt.image_hw {list(p.image_hw)}: {e}") from None
-    if np.asarray(grid).tolist() != p.grid_thw:
+    if grid != p.grid_thw:
         raise ConfigError(f"{where}: prompt.image_hw {list(p.image_hw)} x {p.cameras} cameras x {p.frames} "
-                          f"frames gives the patch grid {np.asarray(grid).tolist()[:1]}..., but grid_thw is "
+                          f"frames gives the patch grid {grid[:1]}..., but grid_thw is "
                           f"{p.grid_thw[:1]}...: the graphs were exported for another image size")
-    wants = [(VISION, "patches", list(patches.shape))]
+    wants = [(VISION, "patches", list(patches))]
     if VISION_FRAME in graphs:
-        wants.append((VISION_FRAME, "patches", [patches.shape[0] // len(images), patches.shape[1]]))
+        wants.append((VISION_FRAME, "patches", [patches[0] // images, patches[1]]))
     if t.image_attention not in IMAGE_ATTENTION:
         raise ConfigError(f"{where}: field 'target.image_attention' = {t.image_attention!r}; allowed {list(IMAGE_ATTENTION)}")
     if IMAGE_BLOCKS in graphs and t.image_attention != "frame_local":

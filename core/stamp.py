@@ -5,7 +5,7 @@ onnxruntime, the precision report, profile, drive, roofline, train eval) writes
 `record["stamp"] = results_stamp(...)`; `specdrive report` renders the tables from those JSONs and
 puts the stamp's fingerprint in each table's marker, and tests/test_results_stamps.py fails when a
 marker's fingerprint is not the shipped checkpoint's. The fingerprint is
-prompt/artifacts.py `folder_fingerprint` of the checkpoint folder (the one `specdrive plan`,
+core/artifacts.py `folder_fingerprint` of the checkpoint folder (the one `specdrive plan`,
 `bench` and `drive` print at start); a command that already computed it passes it in.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from prompt.artifacts import folder_fingerprint
-from prompt.config import ConfigError, read_json
+from core.artifacts import folder_fingerprint
+from core.config import ConfigError, read_json
 
 SHIPPED = Path("checkpoints/tiny")      # the checkpoint the published tables are measured on
 
