@@ -5,7 +5,7 @@
                     [--scenes N --seed S | --data DIR --split S] [--repeats R] [--threads T] --json OUT
     specdrive bench ... --drives DIR [--drive-count N] [--cycles C] [--modes M,..] --json OUT
 
-What it measures: bench/speedup/ (snapshots), bench/whole_drives/ (--drives), called with a typed config.
+What it measures: bench/bench/ (snapshots), bench/bench/drives/ (--drives), called with a typed config.
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.speedup import command as speedup
-from bench.speedup.command import BenchRun
-from bench.speedup.measure import BenchConfig
-from bench.whole_drives import command as whole_drives
-from bench.whole_drives.command import DrivesRun
-from bench.whole_drives.measure import DriveBenchConfig
+from bench.bench import command as speedup
+from bench.bench.command import BenchRun
+from bench.bench.measure import BenchConfig
+from bench.bench.drives import command as whole_drives
+from bench.bench.drives.command import DrivesRun
+from bench.bench.drives.measure import DriveBenchConfig
 from core.config import ConfigError
 from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
 from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, integer, model_source, out_file, tree_list
@@ -57,7 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-plot", type=out_file, help="where-accepted picture (default: OUT_accept.png)")
     p.add_argument("--picture-scene", type=integer, default=0, help="scene index of the where-accepted picture")
     p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
-                   "through plain, speculative and reuse modes instead of snapshots (bench/whole_drives/)")
+                   "through plain, speculative and reuse modes instead of snapshots (bench/bench/drives/)")
     p.add_argument("--drive-count", type=count(1, MAX_DRIVES), default=4, help="drives of the split to run (--drives; default 4)")
     p.add_argument("--cycles", type=count(0, round(MAX_DRIVE_SECONDS / DT)), default=0, help="cycles per drive at most (--drives; default 0 = whole "
                    "drives: 3 s of a drive can end before its event)")
