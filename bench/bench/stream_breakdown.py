@@ -20,8 +20,8 @@ import numpy as np
 
 from bench.common.modes import mode_config
 from bench.common.threads import torch_threads
-from runtime.artifacts import ModelSource, open_backend
 from core.config import check_range
+from runtime.artifacts import ModelSource, open_backend
 from runtime.config import PlannerConfig, ReuseConfig, load_planner_config
 from scenes.config import DT, FRAME_OFFSETS
 
