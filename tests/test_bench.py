@@ -16,8 +16,8 @@ from runtime.budget import FakeClock
 from runtime.config import PlannerConfig
 from bench.common.sources import default_tokenizer
 from bench.common import accept_map
-from bench.speedup.command import bench_scenes
-from bench.speedup.measure import BenchConfig, make_modes, run_bench
+from bench.bench.command import bench_scenes
+from bench.bench.measure import BenchConfig, make_modes, run_bench
 from bench.common.stats import ideal_speedup, loss_factors
 
 T_VERIFY, T_PER_TOKEN, T_DRAFT = 10.0, 0.5, 1.0     # ms: verify(w) = 10 + 0.5 (w - 1); draft 1 per token
@@ -200,7 +200,7 @@ def test_bad_bench_config_names_the_value():
 
 
 def test_issue_bar_needs_speed_identity_and_efficiency():
-    from bench.speedup.report import criterion
+    from bench.bench.report import criterion
 
     def rec(speedup, eff, fraction):
         mode = {"name": "flat k=8", "decode_speedup": {"all": speedup}, "efficiency": eff,
@@ -216,7 +216,7 @@ def test_issue_bar_needs_speed_identity_and_efficiency():
 def test_each_scene_runs_the_modes_in_its_own_drawn_order(tok, monkeypatch):
     """A fixed order puts a mode always after the same mode, at the same place in the round; the
     bench draws the order per scene and round (mode_order), the same in every run."""
-    import bench.speedup.measure as measure
+    import bench.bench.measure as measure
     from bench.common.stats import mode_order
     seen = []
     real = measure.timed_cycle
@@ -254,7 +254,7 @@ def test_an_aa_control_is_the_longest_chain_again_and_its_gap_is_the_runs_noise(
     """--aa: each draft's longest chain a second time, the same work in the same run. On the table
     backend's fake clock every call costs what it is priced, so the copy measures exactly what its
     original does (gap 0); on a real machine the gap is the run's noise. The copy is never `best`."""
-    from bench.speedup import report
+    from bench.bench import report
     cfg = BenchConfig(scenes=3, seed=2, repeats=2, warmup=0, ks=(2, 5), aa=True, deadline_ms=0.0)
     rec = run_table(tok, cfg, {"exact": {}, "noisy": {"noise": 0.3}})
     names = [m["name"] for m in rec["modes"]]
@@ -279,7 +279,7 @@ class _FailingDraft(TableBackend):
 def test_a_mode_with_no_successful_cycle_shows_a_dash_and_the_plot_is_drawn(tok, tmp_path):
     """Issue 50, 4: a mode whose every cycle failed crashed the plot (TypeError) after the whole
     run and wrote no JSON; the table and the plot show '-' for what it did not measure."""
-    from bench.speedup import report
+    from bench.bench import report
 
     clock = FakeClock()
     costs = {"vision": 5.0, "prefill": 20.0, "action": 7.0, "draft": T_DRAFT, "verify": verify_ms}

@@ -183,7 +183,7 @@ def test_the_drives_fingerprint_is_printed_and_a_pin_that_differs_exits_2(preset
     ("k", 17, r"k=17 is out of range; allowed \[1, 16\]"),
 ])
 def test_every_number_of_bench_drives_has_a_range_that_says_its_bounds(field, value, says):
-    from bench.whole_drives.measure import DriveBenchConfig
+    from bench.bench.drives.measure import DriveBenchConfig
     from core.config import ConfigError
 
     DriveBenchConfig()

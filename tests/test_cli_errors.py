@@ -197,7 +197,7 @@ def test_bad_arguments_and_files_exit_2_with_one_line(case, files, capsys):
 
 
 def test_timeline_skips_bad_lines_with_a_count(tmp_path):
-    from bench.profiling.timeline import load_cycles
+    from bench.profile.timeline import load_cycles
     good = json.dumps({"cycle": 1, "timing": {"stages_ms": {"vision": 1.0}}})
     f = tmp_path / "cycles.jsonl"
     f.write_bytes(b"\x00\xff binary\n" + good.encode() + b"\n[1]\n{\"cycle\": 2, \"tim")

@@ -153,7 +153,7 @@ def test_every_host_read_of_the_torch_backend_goes_through_its_link():
 
 
 def test_the_bench_reports_each_steps_path_syncs_and_calls_against_their_floor():
-    from bench.speedup.measure import host_terms, in_loop_vs_raw
+    from bench.bench.measure import host_terms, in_loop_vs_raw
     dev, host = backend("noised"), backend("noised", device_greedy=False)
     for be, path, syncs in ((dev, "device", 1.0), (host, "host", 5.0)):
         recs = []
@@ -168,7 +168,7 @@ def test_the_bench_reports_each_steps_path_syncs_and_calls_against_their_floor()
 
 
 def test_kernel_busy_takes_the_union_of_kernel_intervals():
-    from bench.profiling.command import kernel_busy
+    from bench.profile.command import kernel_busy
     events = [{"cat": "kernel", "ts": 0, "dur": 100}, {"cat": "kernel", "ts": 50, "dur": 100},
               {"cat": "cpu_op", "ts": 0, "dur": 1000}, {"cat": "kernel", "ts": 300, "dur": 100}]
     assert kernel_busy(events) == {"kernels": 3, "busy_ms": 0.25, "busy_share": 0.625}

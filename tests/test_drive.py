@@ -10,12 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bench.closed_loop.loop import MODES, closed_loop, in_force_step, mode_config
-from bench.closed_loop.latency import parse_latency
+from bench.common.modes import mode_config
+from bench.drive.loop import MODES, closed_loop, in_force_step, mode_changes
+from bench.drive.latency import parse_latency
 from core.config import ConfigError
 from runtime.config import load_planner_config
 from scenes.agents import GREEN, RED, Agent, light_schedule, static
-from bench.closed_loop.ego_path import drive_metrics, hold_plan, line_violations
+from bench.drive.ego_path import drive_metrics, hold_plan, line_violations
 from scenes.config import DT, EGO_LENGTH, LANE_WIDTH, N_STEPS, T_START
 from scenes.drive import history_at, simulate_scenario
 from scenes.families import Scenario, ego_path, straight_road
@@ -128,14 +129,19 @@ def test_a_plan_takes_over_at_the_first_tick_after_its_latency():
 
 
 # --- modes, latency specs -------------------------------------------------------------------------
+def config_of(base, mode: str, budget_ms: float):
+    """The cpu profile under one drive mode (its MODES row, the budget filled in)."""
+    return mode_config(base, mode, mode_changes(mode, budget_ms))
+
+
 def test_the_modes_table_makes_checked_configs():
     base = load_planner_config("cpu")
     for name in MODES:
-        cfg = mode_config(base, name, 250.0)
+        cfg = config_of(base, name, 250.0)
         assert (cfg.spec.k == 0) == name.startswith("plain")
         assert cfg.budget.enabled == name.endswith("+budget")
     with pytest.raises(ConfigError, match="modes"):
-        mode_config(base, "turbo", 250.0)
+        mode_changes("turbo", 250.0)
 
 
 @pytest.mark.parametrize("spec, named", [("nowhere:edge-2b", "orin-agx-64"), ("orin-agx-64:huge", "edge-2b"),
@@ -146,7 +152,7 @@ def test_an_unknown_latency_spec_names_the_allowed_ones(spec, named):
 
 
 def test_budgets_are_one_for_all_latency_specs_or_one_each():
-    from bench.closed_loop.loop import parse_budgets
+    from bench.drive.loop import parse_budgets
 
     assert parse_budgets("250", 2) == [250.0, 250.0] and parse_budgets("250,700", 2) == [250.0, 700.0]
     for bad in ("-1", "nan", "1,2,3", "fast"):
@@ -198,7 +204,7 @@ def test_every_number_of_drive_has_a_range_that_says_its_bounds(tmp_path, capsys
 
 
 def test_a_drive_shorter_than_one_tick_is_refused_and_one_tick_is_one_cycle():
-    from bench.closed_loop.loop import drive_cases
+    from bench.drive.loop import drive_cases
 
     for seconds in (0.0, 0.05, 0.099):
         with pytest.raises(ConfigError, match=r"--seconds .* is out of range; allowed \[0.1, 12\]"):
@@ -213,8 +219,8 @@ def test_a_drive_shorter_than_one_tick_is_refused_and_one_tick_is_one_cycle():
 # --- the simulated latency on the shipped checkpoint ----------------------------------------------
 @pytest.fixture(scope="module")
 def shipped():
-    from bench.closed_loop.command import open_backends
-    from bench.closed_loop.loop import drive_cases
+    from bench.drive.command import open_backends
+    from bench.drive.loop import drive_cases
 
     base = load_planner_config("cpu")
     tok, backends = open_backends(ROOT / "checkpoints" / "tiny", base, ["speculative"], 250.0)
@@ -223,20 +229,20 @@ def shipped():
 
 
 def test_simulated_latency_is_the_sum_of_the_priced_calls_and_repeats_exactly(shipped):
-    from bench.closed_loop.loop import run_case
-    from bench.closed_loop.latency import PricedBackend
+    from bench.drive.loop import run_case
+    from bench.drive.latency import PricedBackend
     from runtime.budget import FakeClock
     from runtime.planner import Planner
 
     base, tok, backends, case = shipped
-    cfg = mode_config(base, "speculative", 250.0)
+    cfg = config_of(base, "speculative", 250.0)
     lat = parse_latency("orin-agx-64:edge-2b", base)
     runs = [run_case(case, "speculative", cfg, lat, backends, tok) for _ in range(2)]
     assert runs[0]["metrics"] == runs[1]["metrics"]
     assert runs[0]["cycle_log"] == runs[1]["cycle_log"] and runs[0]["cycles"] >= 1
     clock = FakeClock()
     priced = PricedBackend(backends["flat"], lat.pricer, clock, with_draft=True)
-    from bench.closed_loop.loop import render
+    from bench.drive.loop import render
     images, history = render(case.scenario, np.asarray(case.expert_world), case.first)
     res = Planner(priced, tok, cfg, clock=clock).plan(images, history)
     names = [n for n, _ in priced.calls]
@@ -248,23 +254,23 @@ def test_simulated_latency_is_the_sum_of_the_priced_calls_and_repeats_exactly(sh
 
 
 def test_the_budget_cuts_in_simulated_time(shipped):
-    from bench.closed_loop.loop import run_case
+    from bench.drive.loop import run_case
 
     base, tok, backends, case = shipped
     lat = parse_latency("orin-agx-64:edge-2b", base)
-    cut = run_case(case, "speculative+budget", mode_config(base, "speculative+budget", 600.0), lat, backends, tok)
-    free = run_case(case, "speculative", mode_config(base, "speculative", 600.0), lat, backends, tok)
+    cut = run_case(case, "speculative+budget", config_of(base, "speculative+budget", 600.0), lat, backends, tok)
+    free = run_case(case, "speculative", config_of(base, "speculative", 600.0), lat, backends, tok)
     assert cut["budget_cuts"] >= 1 and max(c["latency_ms"] for c in cut["cycle_log"]) < \
         max(c["latency_ms"] for c in free["cycle_log"])
-    assert free["budget_cuts"] == 0 and dataclasses.asdict(mode_config(base, "speculative", 600.0).budget)["budget_ms"] == 0
+    assert free["budget_cuts"] == 0 and dataclasses.asdict(config_of(base, "speculative", 600.0).budget)["budget_ms"] == 0
 
 
 def test_reuse_through_the_priced_backend_is_exact_and_prices_only_the_new_frames(shipped):
     """Along the expert's path (open loop, so both planners see the same frames) the reuse mode's
     reasoning equals the plain speculative mode's on every cycle, and once the t - 0.5 s frames
     were seen 5 cycles earlier, vision is priced for the 4 new frames of 8 only."""
-    from bench.closed_loop.loop import render
-    from bench.closed_loop.latency import PricedBackend
+    from bench.drive.loop import render
+    from bench.drive.latency import PricedBackend
     from runtime.budget import FakeClock
     from runtime.planner import Planner
 
@@ -274,7 +280,7 @@ def test_reuse_through_the_priced_backend_is_exact_and_prices_only_the_new_frame
     for mode in ("speculative", "speculative+reuse"):
         clock = FakeClock()
         priced = PricedBackend(backends["flat"], lat.pricer, clock, with_draft=True)
-        planner = Planner(priced, tok, mode_config(base, mode, 0.0), clock=clock)
+        planner = Planner(priced, tok, config_of(base, mode, 0.0), clock=clock)
         texts, vision = [], []
         for n in range(case.first, case.first + 7):
             images, history = render(case.scenario, np.asarray(case.expert_world), n)
@@ -293,9 +299,9 @@ def test_streaming_through_the_priced_backend_is_exact_and_prices_only_the_new_b
     """On a frame_local target, along the expert's path (open loop): the streaming mode's
     reasoning equals the reuse mode's on every cycle, and once half the frames are kept its
     priced prefill (new blocks + the rows after the images) is below the full prefill's."""
-    from bench.closed_loop.command import open_backends
-    from bench.closed_loop.latency import PricedBackend
-    from bench.closed_loop.loop import drive_cases, render
+    from bench.drive.command import open_backends
+    from bench.drive.latency import PricedBackend
+    from bench.drive.loop import drive_cases, render
     from runtime.budget import FakeClock
     from runtime.planner import Planner
 
@@ -307,7 +313,7 @@ def test_streaming_through_the_priced_backend_is_exact_and_prices_only_the_new_b
     for mode in ("speculative+reuse", "speculative+stream"):
         clock = FakeClock()
         priced = PricedBackend(backends["flat"], lat.pricer, clock, with_draft=True)
-        planner = Planner(priced, tok, mode_config(base, mode, 0.0), clock=clock)
+        planner = Planner(priced, tok, config_of(base, mode, 0.0), clock=clock)
         texts, prefill = [], []
         for n in range(case.first, case.first + 7):
             images, history = render(case.scenario, np.asarray(case.expert_world), n)

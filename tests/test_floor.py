@@ -6,7 +6,8 @@ import json
 import pytest
 
 from bench.common.devices import load_devices
-from bench.common.projection import Shapes, project
+from bench.common.costs import Shapes
+from bench.roofline.projection import project
 from bench.roofline.measured import VerifyCurve, calibrated, efficiencies
 from models.config import load_preset
 from tools import cli, measure_c
@@ -67,7 +68,7 @@ def test_roofline_measured(floors, tmp_path, capsys):
     assert eff["memory_efficiency"] == pytest.approx(max(step["bytes"] / step["ms"] / 1e6 / 4800.0, 1e-3))
     w = res["workload"]
     orin = next(o for o in m["projections"] if o["device"] == "orin-agx-64")
-    from bench.common.projection import Workload
+    from bench.common.costs import Workload
     ow = Workload(**{**w, "precision": "int8", "image_hw": tuple(w["image_hw"])})
     assert orin["measured_eff_ms"] == pytest.approx(project(cfg, calibrated(devs["orin-agx-64"], eff), ow)
                                                     ["speculative"]["cycle_ms"])

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from runtime.trace import Range
-from bench.profiling import report as profile_report, timeline
+from bench.profile import report as profile_report, timeline
 
 
 def ranges():
@@ -58,7 +58,7 @@ def test_profile_cycles_carry_their_routine_token_counts(tmp_path):
     """accepted.png splits accepted lengths by routine / commitment from each cycle's routine_tokens;
     without them every step counted as commitment."""
     from bench.common.accept_map import routine_tokens
-    from bench.profiling.command import ProfileRun, profile_here
+    from bench.profile.command import ProfileRun, profile_here
     from runtime.artifacts import ModelSource, load_tokenizer
 
     shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny"

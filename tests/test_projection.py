@@ -1,4 +1,4 @@
-"""The roofline projection (bench/common/projection.py), the devices table and the validation rows."""
+"""The roofline projection (bench/roofline/projection.py, bench/common/costs.py), the devices table and the validation rows."""
 import dataclasses
 
 import pytest
@@ -6,7 +6,8 @@ import pytest
 from models.config import load_preset
 from models.sizes import param_counts
 from core.config import ConfigError
-from bench.common.projection import Device, Shapes, Workload, memory_report, project, prompt_tokens, remedies, stage_costs
+from bench.common.costs import Device, Shapes, Workload, prompt_tokens
+from bench.roofline.projection import memory_report, project, remedies, stage_costs
 from bench.common.devices import load_devices
 from bench.roofline.command import validate
 
@@ -137,7 +138,8 @@ def test_streaming_prefill_prices_the_new_blocks_and_the_rows_outside_the_images
     """Streaming prefill: the new frames' blocks (each over its own rows), the kept ones rotated,
     the rows after the images over the whole prompt; fewer new frames cost less, and its target
     rows are exactly the prompt's rows (new blocks + rows outside the images) plus nothing else."""
-    from bench.common.projection import image_block_rows, streamed_prefill
+    from bench.common.costs import image_block_rows
+    from bench.roofline.projection import streamed_prefill
 
     cfg = load_preset("edge-2b")
     w = Workload(images=16, precision="int8", max_len=4096)
@@ -179,7 +181,7 @@ def test_a_verify_costs_more_with_its_width_but_nearly_nothing_where_memory_boun
     """edge-2b INT8 on Orin and Thor: verify ms never falls as the width grows (1..65), and a
     verify of 33 rows costs under 5 % more than one row (each weight is read once per pass);
     on a compute-starved device the same widths cost several times more."""
-    from bench.common.projection import project_trees
+    from bench.roofline.projection import project_trees
     from runtime.tree import TreeShape
 
     cfg, dev, w = _edge_2b(device)
@@ -199,7 +201,7 @@ def test_a_tree_is_priced_as_depth_draft_calls_and_one_verify_of_its_width():
     under 2 % more); its step adds one verify of 1 + nodes and the path's row moves; the reasoning
     stage is ceil(N / tau) steps. A chain written as a tree (top-K 1) at the chain's tau prices
     within 1 % of the chain; at the tau it says it needs, a tree is exactly the goal below."""
-    from bench.common.projection import project_trees, stage_costs, tree_step_costs
+    from bench.roofline.projection import project_trees, stage_costs, tree_step_costs
     from runtime.tree import TreeShape
 
     cfg, dev, w = _edge_2b("orin-agx-64")

@@ -256,7 +256,8 @@ def test_reuse_settings_load_from_a_profile_and_are_checked():
 def test_the_projection_of_a_drive_encodes_new_frames_only_and_prices_lookup_steps_without_a_draft():
     import math
 
-    from bench.common.projection import Device, Workload, drive_cycle, project
+    from bench.common.costs import Device, Workload
+    from bench.roofline.projection import drive_cycle, project
     from models.config import load_preset
 
     cfg = load_preset("alpamayo-r1-10b")

@@ -109,8 +109,8 @@ def test_one_split_is_the_share_a_whole_run_writes_there(tmp_path, datasets):
 def test_bench_takes_a_dataset_split_whose_scenes_differ_from_the_synthetic_seeds(datasets):
     """`bench --data DIR --split val`: the split's own scenes. Synthetic scenes from a seed are the
     same in val and test, so without a dataset `--split val` would bench the test scenes."""
-    from bench.speedup.command import bench_scenes
-    from bench.speedup.measure import BenchConfig
+    from bench.bench.command import bench_scenes
+    from bench.bench.measure import BenchConfig
 
     val = bench_scenes(BenchConfig(scenes=2, split="val", data=datasets / "one"))
     assert [s.name for s in val] == ["val/0", "val/1"]

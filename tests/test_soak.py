@@ -295,7 +295,7 @@ def drive_soak(backend, tok, drives, cycles: int, seed: int, tree: str = "", pla
     the caches hold the same frames. Returns the counts."""
     import tracemalloc
 
-    from bench.whole_drives.measure import frames_of
+    from bench.bench.drives.measure import frames_of
     from runtime.config import load_planner_config, with_overrides
 
     rng = np.random.default_rng(seed)

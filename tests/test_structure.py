@@ -180,6 +180,20 @@ def test_backend_host_logic_is_written_once_in_the_base():
     assert not hits, hits
 
 
+def test_each_bench_room_is_named_after_its_command():
+    """bench/NAME/ serves `specdrive NAME` (dashes as underscores); bench/common/ is what they share."""
+    table = re.findall(r'^\s*"([a-z-]+)": "tools\.', (ROOT / "tools" / "cli.py").read_text(), re.M)   # the subcommands
+    commands = {name.replace("-", "_") for name in table}
+    rooms = {d.name for d in (ROOT / "bench").iterdir() if (d / "__init__.py").is_file()} - {"common"}
+    assert rooms <= commands, f"rooms named after no command: {sorted(rooms - commands)}"
+
+
+def test_mode_config_is_defined_once():
+    """A mode name to planner overrides: bench/common/modes.py alone defines it."""
+    hits = [str(f.relative_to(ROOT)) for f, text in sources(PACKAGES) if re.search(r"^def mode_config\(", text, re.M)]
+    assert hits == ["bench/common/modes.py"], hits
+
+
 CORE_NAMES = ("config", "artifacts", "stamp", "graphs")
 
 

@@ -4,8 +4,9 @@
                     [--drafts a,b] [--backend torch] [--ks 4,8] [--no-adaptive] [--trees "16,8,4;32,8,8"] [--aa]
                     [--scenes N --seed S | --data DIR --split S] [--repeats R] [--threads T] --json OUT
     specdrive bench ... --drives DIR [--drive-count N] [--cycles C] [--modes M,..] --json OUT
+    specdrive bench --checkpoint DIR --stream-breakdown [--seed 11] [--cycles 20] --json OUT
 
-What it measures: bench/speedup/ (snapshots), bench/whole_drives/ (--drives), called with a typed config.
+What it measures: bench/bench/ (snapshots; stream_breakdown.py), bench/bench/drives/ (--drives), called with a typed config.
 """
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.speedup import command as speedup
-from bench.speedup.command import BenchRun
-from bench.speedup.measure import BenchConfig
-from bench.whole_drives import command as whole_drives
-from bench.whole_drives.command import DrivesRun
-from bench.whole_drives.measure import DriveBenchConfig
+from bench.bench import command as snapshots, stream_breakdown
+from bench.bench.drives import command as drives_command
+from bench.bench.drives.measure import DriveBenchConfig
+from bench.bench.measure import BenchConfig
 from core.config import ConfigError
 from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
 from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, integer, model_source, out_file, tree_list
@@ -32,9 +31,8 @@ def add_parser(subparsers) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_source_args(p, checkpoint_help="trained planner folder (tokenizer.json, target, expert, one or more drafts)")
-    p.add_argument("--drafts", default=None, help="comma list: with --checkpoint the draft variants to "
-                   "run (default all); with --preset any of self, noised:SIGMA, routine "
-                   "(default self,noised:0.02)")
+    p.add_argument("--drafts", help="comma list: with --checkpoint the draft variants to run (default all); "
+                   "with --preset any of self, noised:SIGMA, routine (default self,noised:0.02)")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
@@ -56,43 +54,45 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", type=out_file, help="speedup plot (default: OUT with .png)")
     p.add_argument("--accept-plot", type=out_file, help="where-accepted picture (default: OUT_accept.png)")
     p.add_argument("--picture-scene", type=integer, default=0, help="scene index of the where-accepted picture")
-    p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives "
-                   "through plain, speculative and reuse modes instead of snapshots (bench/whole_drives/)")
+    p.add_argument("--drives", type=Path, help="drives folder (`scenes generate --drives`): whole drives in plain, speculative, reuse modes")
     p.add_argument("--drive-count", type=count(1, MAX_DRIVES), default=4, help="drives of the split to run (--drives; default 4)")
     p.add_argument("--cycles", type=count(0, round(MAX_DRIVE_SECONDS / DT)), default=0, help="cycles per drive at most (--drives; default 0 = whole "
-                   "drives: 3 s of a drive can end before its event)")
+                   "drives: 3 s of a drive can end before its event; --stream-breakdown: default 20)")
     p.add_argument("--expect-drives-fingerprint", metavar="SHA256", help="the --drives folder's pinned fingerprint")
     p.add_argument("--modes", help="comma list of drive modes besides plain (--drives; default all; spec+tree with --trees)")
+    p.add_argument("--stream-breakdown", action="store_true", help="full against streamed prefill per stage, the drive of --seed")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """The parsed arguments -> the typed config of one bench or one drives bench -> its library."""
+    """The parsed arguments -> the typed config of one bench, drives bench or stream breakdown -> its library."""
     if args.drives is not None:     # whole drives, reuse against none
-        return whole_drives.run(drives_run(args))
+        return drives_command.run(drives_run(args))
+    if args.stream_breakdown:
+        return stream_breakdown.run(stream_breakdown.BreakdownRun(model_source(args), args.json, args.seed, args.cycles or 20,
+                                                                  args.profile, args.threads, command_line(args)))
     if args.expect_drives_fingerprint is not None:
-        raise ConfigError("--expect-drives-fingerprint pins the --drives folder, and no --drives was given; "
-                          "allowed: both (a drives bench) or neither (a scenes bench)")
-    return speedup.run(speedup_run(args))
+        raise ConfigError("--expect-drives-fingerprint pins the --drives folder, and no --drives was given; allowed: both or neither")
+    return snapshots.run(snapshots_run(args))
 
 
-def speedup_run(args: argparse.Namespace) -> BenchRun:
+def snapshots_run(args: argparse.Namespace) -> snapshots.BenchRun:
     measure = BenchConfig(scenes=args.scenes, seed=args.seed, split=args.split, data=args.data, repeats=args.repeats, warmup=args.warmup,
                           ks=args.ks, adaptive=not args.no_adaptive, trees=args.trees, aa=args.aa, budget_ms=args.budget_ms,
                           max_reasoning_tokens=args.max_reasoning, picture_scene=args.picture_scene, raw=args.device != "cpu")
-    return BenchRun(source=model_source(args), measure=measure, json=args.json, drafts=args.drafts,
-                    profile=args.profile, deadline_ms=args.deadline_ms, threads=args.threads, plot=args.plot,
-                    accept_plot=args.accept_plot, command=command_line(args))
+    return snapshots.BenchRun(source=model_source(args), measure=measure, json=args.json, drafts=args.drafts, profile=args.profile,
+                              deadline_ms=args.deadline_ms, threads=args.threads, plot=args.plot,
+                              accept_plot=args.accept_plot, command=command_line(args))
 
 
-def drives_run(args: argparse.Namespace) -> DrivesRun:
+def drives_run(args: argparse.Namespace) -> drives_command.DrivesRun:
     measure = DriveBenchConfig(drives=args.drive_count, cycles=args.cycles or None, split=args.split,
                                warmup=args.warmup, k=args.ks[0] if args.no_adaptive and args.ks else None,
                                max_reasoning_tokens=args.max_reasoning, tree=args.trees[0] if args.trees else None,
                                modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None)
-    return DrivesRun(source=model_source(args), drives_dir=args.drives, measure=measure, json=args.json,
-                     drafts=args.drafts, profile=args.profile, threads=args.threads, command=command_line(args),
-                     expect_drives_fingerprint=args.expect_drives_fingerprint)
+    return drives_command.DrivesRun(source=model_source(args), drives_dir=args.drives, measure=measure, json=args.json,
+                                    drafts=args.drafts, profile=args.profile, threads=args.threads, command=command_line(args),
+                                    expect_drives_fingerprint=args.expect_drives_fingerprint)
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -3,7 +3,7 @@
     specdrive drive [--checkpoint DIR] [--drives DIR|N] [--modes plain,speculative,...]
                     [--latency measured|DEVICE:PRESET[,...]] [--budget-ms B] [--seconds S] --out DIR
 
-What it runs, measures and writes: bench/closed_loop/ (the library this command calls with a
+What it runs, measures and writes: bench/drive/ (the library this command calls with a
 ClosedLoopRun).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def seconds_arg(text: str) -> float:
 
 
 def add_parser(subparsers) -> None:
-    from bench.closed_loop.loop import DEFAULT_BUDGET_MS, MODES
+    from bench.drive.loop import DEFAULT_BUDGET_MS, MODES
 
     p = subparsers.add_parser("drive", help="closed-loop drives: metrics, tables and GIFs per mode and latency",
                               description=__doc__.splitlines()[0])
@@ -75,5 +75,5 @@ def add_parser(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from bench.closed_loop import command
+    from bench.drive import command
     return command.run(config_of(command.ClosedLoopRun, args))

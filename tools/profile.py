@@ -4,14 +4,14 @@
                       [--profile cpu] [--cycles N] [--warmup W] [--threads T] [--device cpu|cuda]
                       [--no-nsys] --out DIR
 
-What it measures and writes: bench/profiling/ (the library this command calls with a ProfileRun).
+What it measures and writes: bench/profile/ (the library this command calls with a ProfileRun).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench.profiling import command as profiling
+from bench.profile import command as profiling
 from tools.argtypes import add_source_args, count, integer, model_source, out_folder
 
 

@@ -1,4 +1,4 @@
-"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/common/projection.py)
+"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/roofline/projection.py)
 
     specdrive roofline --preset alpamayo-r1-10b|edge-2b|tiny --device orin-agx-64|thor|...|cpu
                        [--precision int8] [--k 4 --tau 3.0] [--profile orin] [--budget-ms 100]
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common.projection import PRECISIONS
+from bench.common.costs import PRECISIONS
 from bench.roofline import command as roofline
 from tools.argtypes import config_of, count, finite_ms, input_file, integer, out_file, tree_list
 

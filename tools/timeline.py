@@ -2,12 +2,12 @@
 
     specdrive timeline RUN/cycles.jsonl [--out DIR]
 
-What it measures and writes: bench/profiling/timeline.py (the library this command calls).
+What it measures and writes: bench/profile/timeline.py (the library this command calls).
 """
 from __future__ import annotations
 
 
-from bench.profiling import timeline
+from bench.profile import timeline
 from tools.argtypes import input_file, out_folder
 
 

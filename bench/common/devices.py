@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common.projection import Device, Workload
+from bench.common.costs import Device, Workload
 from core.config import from_dict, load_yaml
 
 DEVICES_FILE = Path(__file__).resolve().parents[2] / "configs" / "devices.yaml"

@@ -125,42 +125,42 @@ def headline(records: list[dict]) -> str:
 
 
 def bench_report(records: list[dict]) -> str:
-    from bench.speedup.report import markdown_report
+    from bench.bench.report import markdown_report
     return markdown_report(records[0])
 
 
 def comparison(modes: tuple[str, ...]) -> Callable[[list[dict]], str]:
     def render(records: list[dict]) -> str:
-        from bench.speedup.report import comparison_table
+        from bench.bench.report import comparison_table
         return comparison_table(records[0], list(modes))
     return render
 
 
 def bench_table(records: list[dict]) -> str:
-    from bench.speedup.report import markdown_table
+    from bench.bench.report import markdown_table
     return markdown_table(records[0])
 
 
 def bench_acceptance(records: list[dict]) -> str:
     """The modes, their acceptance per token class and the A/A control's line (docs/bench.md's
     trees and adaptive runs: the report's other parts are the main bench's)."""
-    from bench.speedup.report import aa_lines, acceptance_table, markdown_table
+    from bench.bench.report import aa_lines, acceptance_table, markdown_table
     r = records[0]
     return "\n".join([markdown_table(r), "", *acceptance_table(r), *[f"- {line}" for line in aa_lines(r)]]).rstrip("\n")
 
 
 def drives_table(records: list[dict]) -> str:
-    from bench.whole_drives.measure import markdown_table
+    from bench.bench.drives.measure import markdown_table
     return markdown_table(records[0])
 
 
 def drives20(records: list[dict]) -> str:
-    from bench.whole_drives.measure import phase_table
+    from bench.bench.drives.measure import phase_table
     return phase_table(records[0], "spec")
 
 
 def closed_loop(records: list[dict]) -> str:
-    from bench.closed_loop.report import table
+    from bench.drive.report import table
     r = records[0]
     return table(r["records"], list(r["modes"]), r["latency"], r["budget_ms"])
 
@@ -181,7 +181,7 @@ def precision(records: list[dict]) -> str:
 
 
 def profile(records: list[dict]) -> str:
-    from bench.profiling.report import format_table
+    from bench.profile.report import format_table
     s = records[0]
     return (format_table(s["stages"]) + f"\n\n{s['cycles']} cycles; prompt {s['prompt_len']} tokens, "
             f"{s['reasoning_tokens']:.1f} reasoning tokens per cycle; peak host memory "

@@ -1,4 +1,4 @@
-"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/common/projection.py) (the library of tools/roofline.py)
+"""`specdrive roofline`: will a preset's cycle fit its budget on a device? (bench/roofline/projection.py) (the library of tools/roofline.py)
 
 Prints per-stage projected ms for plain and speculative decoding, whether the cycle fits the
 budget (and whether the budget's premise, vision + prefill + trajectory + margin, holds), and
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from core.config import ConfigError, read_json
 from bench.common.devices import load_devices
-from bench.common.projection import (Device, Workload, drive_cycle, memory_report, project, project_trees, remedies,
-                                     stage_costs)
+from bench.common.costs import Device, Workload
+from bench.roofline.projection import drive_cycle, memory_report, project, project_trees, remedies, stage_costs
 from runtime.config import tree_shape
 
 SMALLER = {"alpamayo-r1-10b": "edge-2b"}     # the remedy "a smaller preset"

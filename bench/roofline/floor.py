@@ -15,7 +15,7 @@ median of `runs` after `warmup`), else eagerly (perf_counter, synchronised). Cal
     prefill     the target, then the draft, over a prompt of those images (eager, logits of every row)
     expert      one Euler step of the action expert: `samples` draws over cached rows
 
-Each call carries the bytes it must read and write and its FLOPs (bench/common/projection.py's
+Each call carries the bytes it must read and write and its FLOPs (bench/common/costs.py's
 Shapes, engine layout: the valid cache rows, the logits rows the forward computes), ms, the
 bandwidth it reached (GB/s) and its share of the copy bandwidth measured in the same run (a
 device-to-device copy of `copy_mb` MiB: read + write bytes over its time). `kernels` counts what
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bench.common.projection import Shapes
+from bench.common.costs import Shapes
 from models.layers import fuse_projections, kv_bucket
 from core.config import ConfigError, check_choice, check_range
 from core.graphs import DRAFT_CHAIN, DRAFT_FEED

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bench.common.projection import Device, Shapes
+from bench.common.costs import Device, Shapes
 from core.config import ConfigError, read_json
 from core.graphs import DRAFT_CHAIN, DRAFT_FEED
 

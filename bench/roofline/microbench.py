@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from bench.common.projection import Device
+from bench.common.costs import Device
 
 
 def matmul_gflops(n: int = 1024, repeats: int = 5, threads: int = 1) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.common import accept_map
-from bench.speedup.measure import AA_SUFFIX
+from bench.bench.measure import AA_SUFFIX
 
 HEADER = (f"{'mode':<26} {'tau':>5} {'k':>4} {'c':>6} {'tok/s':>7} {'speedup (min-max)':>18} "
           f"{'ideal':>6} {'eff':>5} {'same':>7} {'vision':>7} {'prefill':>7} {'traj':>7} "

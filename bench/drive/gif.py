@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 
 from scenes.agents import COLORS, LIGHT_COLORS
-from bench.closed_loop.ego_path import to_world
+from bench.drive.ego_path import to_world
 from scenes.config import DT, EGO_LENGTH, EGO_WIDTH
 from scenes.drive import to_ego
 from scenes.geometry import box_corners

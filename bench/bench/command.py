@@ -21,8 +21,8 @@ import numpy as np
 from bench.common.compared_backends import open_bench_backends
 from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer, source_stamp
 from bench.common.threads import torch_threads
-from bench.speedup import report
-from bench.speedup.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
+from bench.bench import report
+from bench.bench.measure import BenchConfig, BenchScene, machine_info, make_modes, run_bench
 from core.config import ConfigError
 from runtime.artifacts import ModelSource
 from runtime.config import load_planner_config

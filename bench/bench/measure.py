@@ -26,9 +26,10 @@ from tqdm import tqdm
 
 from core.config import ConfigError, check_range
 from runtime.budget import wall_ms
-from runtime.config import K_MAX_LIMIT, PlannerConfig, tree_shape, with_overrides
+from runtime.config import K_MAX_LIMIT, PlannerConfig, tree_shape
 from runtime.planner import Planner
 from bench.common import accept_map
+from bench.common.modes import greedy_spec, mode_config
 from bench.common.stats import (cost_terms, decode_speedups, ideal_speedup, latency, limiting_note,
                                loss_factors, mode_order, spread)
 
@@ -141,21 +142,10 @@ def aa_gaps(modes: list) -> list:
     return out
 
 
-def mode_config(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> PlannerConfig:
-    """The profile with this mode's k, greedy decoding and the bench's budget; the fallback as
-    the profile says (the cycle users run). Adaptive k starts from the profile's k (4 if the
-    profile says plain) and stays <= its k_max."""
-    s = base.spec
-    if mode.adaptive:
-        k, k_max = (s.k or min(4, s.k_max)), s.k_max
-    else:
-        k, k_max = mode.k, max(s.k_max, mode.k)
-    changes = {"spec": {"decoding": "greedy", "relax_r": 0, "k": k, "k_max": k_max, "adaptive": mode.adaptive,
-                        "tree": mode.tree},
-               "budget": {"budget_ms": cfg.budget_ms}}
-    if cfg.max_reasoning_tokens is not None:
-        changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
-    return with_overrides(base, changes, f"mode {mode.name}")
+def mode_changes(base: PlannerConfig, mode: Mode, cfg: BenchConfig) -> dict:
+    """This mode's k, greedy decoding and the bench's budget; the fallback as the profile says
+    (the cycle users run)."""
+    return {"spec": greedy_spec(base.spec, mode.k, mode.adaptive, mode.tree), "budget": {"budget_ms": cfg.budget_ms}}
 
 
 def timed_cycle(planner: Planner, scene: BenchScene):
@@ -173,7 +163,8 @@ def run_bench(modes: list[Mode], scenes: list[BenchScene], tok, base: PlannerCon
     """Run every mode on every scene (module docstring) -> the bench record (JSON-ready)."""
     if modes[0].k != 0 or modes[0].adaptive:
         raise ConfigError("the first mode must be plain decoding (k = 0): speedups are relative to it")
-    planners = {m.name: Planner(m.backend, tok, mode_config(base, m, cfg), clock=clock, observer=m.steps.append)
+    configs = {m.name: mode_config(base, m.name, mode_changes(base, m, cfg), cfg.max_reasoning_tokens) for m in modes}
+    planners = {m.name: Planner(m.backend, tok, configs[m.name], clock=clock, observer=m.steps.append)
                 for m in modes}
     for m in modes:       # first calls; the planner then forgets their timings (Planner.warmup)
         planners[m.name].warmup(scenes[0].images, scenes[0].history, cycles=cfg.warmup)

@@ -34,9 +34,10 @@ import numpy as np
 from tqdm import tqdm
 
 from core.config import ConfigError, check_range
-from runtime.config import PlannerConfig, ReuseConfig, tree_shape, with_overrides
+from runtime.config import PlannerConfig, ReuseConfig, tree_shape
 from runtime.planner import Planner
 from bench.common import accept_map
+from bench.common.modes import greedy_spec, mode_config
 from bench.common.stats import latency, mode_order
 
 SCHEMA = "specdrive-bench-drives/1"
@@ -113,21 +114,12 @@ def make_modes(cfg: DriveBenchConfig, streaming: bool = False) -> list[DriveMode
             and (cfg.tree or m.name not in TREE_MODES)]
 
 
-def mode_config(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> PlannerConfig:
-    s = base.spec
-    if not mode.speculative:
-        spec = {"k": 0, "adaptive": False}
-    elif cfg.k is None:
-        spec = {"k": s.k or min(4, s.k_max), "adaptive": True}
-    else:
-        spec = {"k": cfg.k, "k_max": max(s.k_max, cfg.k), "adaptive": False}
-    if mode.tree:
-        spec["tree"] = cfg.tree
-    changes = {"spec": {"decoding": "greedy", "relax_r": 0, **spec}, "budget": {"budget_ms": 0.0},
-               "reuse": dataclasses.asdict(mode.reuse)}
-    if cfg.max_reasoning_tokens is not None:
-        changes["max_reasoning_tokens"] = cfg.max_reasoning_tokens
-    return with_overrides(base, changes, f"mode {mode.name}")
+def mode_changes(base: PlannerConfig, mode: DriveMode, cfg: DriveBenchConfig) -> dict:
+    """Plain (k = 0) or speculative (cfg.k fixed, else adaptive) greedy decoding, this mode's reuse
+    and tree, the budget off."""
+    k = (cfg.k or 0) if mode.speculative else 0
+    spec = greedy_spec(base.spec, k, mode.speculative and cfg.k is None, cfg.tree if mode.tree else "")
+    return {"spec": spec, "budget": {"budget_ms": 0.0}, "reuse": dataclasses.asdict(mode.reuse)}
 
 
 def load(root, cfg: DriveBenchConfig) -> list:
@@ -154,7 +146,8 @@ def run_drives(plain_backend, spec_backend, tok, base: PlannerConfig, drives: li
                progress: bool = False) -> dict:
     """Every mode on every cycle of every drive (module docstring) -> the record (JSON-ready)."""
     modes = make_modes(cfg, spec_backend.image_attention == "frame_local" and spec_backend.streams_prefill)
-    planners = {m.name: Planner(spec_backend if m.speculative else plain_backend, tok, mode_config(base, m, cfg),
+    configs = {m.name: mode_config(base, m.name, mode_changes(base, m, cfg), cfg.max_reasoning_tokens) for m in modes}
+    planners = {m.name: Planner(spec_backend if m.speculative else plain_backend, tok, configs[m.name],
                                 observer=m.steps.append) for m in modes}
     first = drives[0].cycles[0]
     for m in modes:

@@ -23,7 +23,7 @@ from runtime import trace
 from runtime.artifacts import ModelSource, open_backend
 from runtime.config import load_planner_config
 from runtime.planner import Planner
-from bench.profiling import report as profile_report, timeline
+from bench.profile import report as profile_report, timeline
 from bench.common.accept_map import routine_tokens
 from bench.common.cycle_report import JsonLog
 from bench.common.sources import SceneSource, announce_fingerprints, default_tokenizer, scene_source, source_stamp

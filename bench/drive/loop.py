@@ -1,6 +1,6 @@
 """`specdrive drive`: closed-loop drives, where a late plan is followed late. (the library of tools/closed_loop.py)
 
-Closed loop (bench/closed_loop/ego_path.py moves the ego and scores the path):
+Closed loop (bench/drive/ego_path.py moves the ego and scores the path):
     - before the first cycle the ego is where the expert was (the first history is the expert's);
       until the first plan arrives it holds its speed and heading ("hold-speed start")
     - a cycle starts at grid step n (time t_n) and sees the cameras and history of the path the
@@ -15,8 +15,8 @@ Modes are rows of MODES (name -> PlannerConfig overrides on the cpu profile); a 
 runs on the target without a draft, the others on the shipped flat draft. The budget modes take
 `--budget-ms` (their vision / prefill priors are zero: warm-up measures them, in the latency's
 time). Outputs under OUT/LATENCY: drives.json (every drive x mode: metrics, cycles), table.md,
-and a GIF per drive with one panel per mode (bench/closed_loop/gif.py). The command itself
-(backends, outputs): bench/closed_loop/command.py.
+and a GIF per drive with one panel per mode (bench/drive/gif.py). The command itself
+(backends, outputs): bench/drive/command.py.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import math
 import numpy as np
 
 from core.config import ConfigError
-from runtime.config import PlannerConfig, with_overrides
-from bench.closed_loop.ego_path import compose, drive_metrics, hold_plan, plan_step, speeds
+from runtime.config import PlannerConfig
+from bench.drive.ego_path import compose, drive_metrics, hold_plan, plan_step, speeds
 from scenes.config import DT
 
 BUDGET = "BUDGET"           # filled with --budget-ms
@@ -52,13 +52,12 @@ MAX_BUDGET_MS = 60_000.0
 TICK_MS = DT * 1e3
 
 
-def mode_config(base: PlannerConfig, mode: str, budget_ms: float) -> PlannerConfig:
-    """The profile with one mode's overrides (re-validated by the dataclasses)."""
+def mode_changes(mode: str, budget_ms: float) -> dict:
+    """One mode's row of MODES, its budget filled in (bench.common.modes.mode_config applies it)."""
     if mode not in MODES:
         raise ConfigError(f"--modes: {mode!r} is not a mode; modes: {list(MODES)}")
-    changes = {key: {k: budget_ms if v == BUDGET else v for k, v in value.items()} if isinstance(value, dict)
-               else value for key, value in MODES[mode].items()}
-    return with_overrides(base, changes, f"mode {mode}")
+    return {key: {k: budget_ms if v == BUDGET else v for k, v in value.items()} if isinstance(value, dict)
+            else value for key, value in MODES[mode].items()}
 
 
 def parse_modes(text: str) -> list[str]:

@@ -2,7 +2,7 @@
 
     --latency measured              the planner runs on the wall clock (runtime.budget.wall_ms)
     --latency DEVICE:PRESET         every engine call the cycle makes is priced by the roofline
-                                    projection (bench/common/projection.py) of PRESET's shapes on DEVICE
+                                    model (bench/common/costs.py) of PRESET's shapes on DEVICE
                                     (configs/devices.yaml), int8, and a virtual clock advances by it
 
 A simulated cycle runs the shipped models for its decisions (tokens, acceptance, the trajectory)
@@ -78,7 +78,7 @@ class Pricer:
     """Projected ms of each engine call of one preset on one device (memoized by shape)."""
 
     def __init__(self, cfg, device, workload: dict, planner_cfg):
-        from bench.common.projection import Shapes, prompt_tokens
+        from bench.common.costs import Shapes, prompt_tokens
 
         p = planner_cfg
         self.cfg, self.dev = cfg, device
@@ -94,7 +94,7 @@ class Pricer:
         return cost.ms(self.dev, PRECISION)
 
     def _ms(self, call: str, a: int = 0, b: int = 0, c: int = 0) -> float:
-        from bench.common.projection import Workload, image_block_rows, image_blocks_cost, streamed_rest
+        from bench.common.costs import Workload, image_block_rows, image_blocks_cost, streamed_rest
 
         s, L, ref = self.shapes, self.max_len, self.dev.impl == "reference"
         T = self.prompt_len

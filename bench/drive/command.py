@@ -1,5 +1,5 @@
 """`specdrive drive` (tools/closed_loop.py): every drive x mode x latency spec through the closed
-loop (bench/closed_loop/loop.py); drives.json, table.md and GIFs under OUT/LATENCY."""
+loop (bench/drive/loop.py); drives.json, table.md and GIFs under OUT/LATENCY."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.closed_loop.gif import draw_case
-from bench.closed_loop.latency import parse_latency
-from bench.closed_loop.loop import APPROX_MODES, DEFAULT_BUDGET_MS, MODES, STREAM_MODES, drive_cases, mode_config, parse_budgets, parse_modes, run_case
-from bench.closed_loop.report import table
+from bench.drive.gif import draw_case
+from bench.drive.latency import parse_latency
+from bench.drive.loop import APPROX_MODES, DEFAULT_BUDGET_MS, MODES, STREAM_MODES, drive_cases, mode_changes, parse_budgets, parse_modes, run_case
+from bench.drive.report import table
+from bench.common.modes import mode_config
 from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer, source_stamp
 from bench.common.threads import torch_threads
 from runtime.artifacts import ModelSource, open_backend
@@ -43,7 +44,7 @@ class ClosedLoopRun:
 def open_backends(checkpoint: Path, cfg: PlannerConfig, modes: list[str], budget_ms: float,
                   expect_fingerprint: str | None = None) -> tuple:
     """(tokenizer, {"plain": backend without a draft, "flat": the shipped flat draft})."""
-    kinds = {"flat" if mode_config(cfg, m, budget_ms).spec.k > 0 else "plain" for m in modes}
+    kinds = {"flat" if mode_config(cfg, m, mode_changes(m, budget_ms)).spec.k > 0 else "plain" for m in modes}
     out, tok = {}, None
     for kind in sorted(kinds):
         src = ModelSource(checkpoint=Path(checkpoint), draft="none" if kind == "plain" else "flat",
@@ -75,7 +76,7 @@ def run(setup: ClosedLoopRun) -> int:
     tok, backends = open_backends(setup.checkpoint, base, asked or list(MODES), budgets[0], setup.expect_fingerprint)
     streaming = next(iter(backends.values())).image_attention == "frame_local"   # one target for all
     modes = asked or [m for m in MODES if (streaming or m not in STREAM_MODES) and m not in APPROX_MODES]
-    configs = [{m: mode_config(base, m, b) for m in modes} for b in budgets]
+    configs = [{m: mode_config(base, m, mode_changes(m, b)) for m in modes} for b in budgets]
     for lat, budget_ms, cfgs in zip(latencies, budgets, configs):
         out = Path(setup.out) / lat.label
         (out / "gif").mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """`specdrive bench --drives DIR` (tools/bench.py): open the backends, run the whole drives
-(bench/whole_drives/measure.py), write the record and print its table."""
+(bench/bench/drives/measure.py), write the record and print its table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.common.compared_backends import open_bench_backends
 from bench.common.sources import announce_fingerprints, check_scene_cameras, default_tokenizer, source_stamp
 from bench.common.threads import torch_threads
-from bench.whole_drives.measure import DriveBenchConfig, check_out, load, run_drives, table, write
+from bench.bench.drives.measure import DriveBenchConfig, check_out, load, run_drives, table, write
 from runtime.artifacts import ModelSource
 from runtime.config import load_planner_config
 
