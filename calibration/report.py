@@ -20,7 +20,6 @@ within 5% (GOAL). Writes report.json, report.md and report.png.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from calibration.quantize import NothingToQuantize
 from calibration.variants import graphs_of, quantize_folder, select
 from core.artifacts import EnginesMeta
 from core.config import ConfigError
+from runtime.config import with_overrides
 
 GOAL = {"tau": 0.03, "ade": 0.05}       # relative to fp32
 BLAME = ("prefill", "step", "draft", "vision", "action")
@@ -68,10 +68,9 @@ def offline_config(cfg, k: int | None = None):
     and tau must not depend on how busy the machine was), the expert only on failure (a CPU runs
     one thing at a time)."""
     k = k or cfg.spec.k or min(4, cfg.spec.k_max)
-    spec = dataclasses.replace(cfg.spec, decoding="greedy", relax_r=0, k=k, adaptive=False,
-                               k_max=max(k, cfg.spec.k_max))
-    return dataclasses.replace(cfg, spec=spec, budget=dataclasses.replace(cfg.budget, budget_ms=0.0),
-                               fallback="on_failure")
+    spec = {"decoding": "greedy", "relax_r": 0, "k": k, "adaptive": False, "k_max": max(k, cfg.spec.k_max)}
+    return with_overrides(cfg, {"spec": spec, "budget": {"budget_ms": 0.0}, "fallback": "on_failure"},
+                          "offline config")
 
 
 def heldout_scenes(n: int, seed: int = 0) -> list:

@@ -24,7 +24,7 @@ import torch
 
 from calibration.scenes import SPLIT, CalibrationScene, calibration_scenes
 from core.config import ConfigError
-from runtime.config import BudgetConfig
+from runtime.config import BudgetConfig, with_overrides
 
 
 def calibration_set(n: int, seed: int = 0) -> tuple[list[CalibrationScene], str]:
@@ -58,7 +58,8 @@ def fp8_amax(cfg, target, expert, draft, tokenizer, scenes: list[CalibrationScen
     t, d = copy.deepcopy((target, draft))
     models = torch.nn.ModuleDict({"target": t, "draft": d})
     # no budget: every cycle reasons to <|cot_end|> (or the token cap), whatever this CPU's speed
-    pcfg = dataclasses.replace(planner_cfg, budget=BudgetConfig(), fallback="inline")
+    pcfg = with_overrides(planner_cfg, {"budget": dataclasses.asdict(BudgetConfig()), "fallback": "inline"},
+                          "fp8 calibration")
 
     def loop(_):
         backend = TorchBackend(cfg, t, expert, d, "routine", "cpu", pcfg.max_len)

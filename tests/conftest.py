@@ -80,3 +80,42 @@ def preset(tmp_path_factory):
     path = tmp_path_factory.mktemp("preset") / "micro.yaml"
     path.write_text(yaml.safe_dump(BENCH_MICRO))
     return path
+
+
+@pytest.fixture(scope="module")
+def drive(request):
+    """A short test drive of helpers.CYCLES cycles from the module's DRIVE_SEED (the seed its
+    expected counts were written for)."""
+    from helpers import CYCLES
+    from scenes.config import DT
+    from scenes.world import make_drive
+
+    return make_drive(request.module.DRIVE_SEED, None, "test", CYCLES * DT)
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    """(cfg, target, expert): the tiny preset with checkpoints/tiny's tokenizer, random weights
+    (seed 0), in eval mode."""
+    from models import io
+    from models.config import load_preset
+    from prompt.tokenizer import load_tokenizer
+
+    cfg = io.with_tokenizer(load_preset("tiny"), load_tokenizer(ROOT / "checkpoints" / "tiny"))
+    target, expert, _ = io.new_models(cfg, 0)
+    return cfg, target.eval(), expert.eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_backends():
+    """Torch backends on one random tiny model (tests/tiny_torch.py), by draft: the target itself
+    (every draft accepted), a noised copy of it (partial acceptance), the random FlatRoPE routine
+    draft (mostly first-token rejections)."""
+    from runtime.backends.torch import TorchBackend, noised_copy
+    from tiny_torch import build, tiny_config
+
+    cfg = tiny_config()
+    target, expert, routine = build(cfg)
+    return {"self": TorchBackend(cfg, target, expert, target, "self", max_len=128),
+            "noised": TorchBackend(cfg, target, expert, noised_copy(target, 0.05, 1), "self", max_len=128),
+            "routine": TorchBackend(cfg, target, expert, routine, "routine", max_len=128)}

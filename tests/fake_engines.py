@@ -1,13 +1,14 @@
 """TensorRT engines "built" by the double (tests/trt_doubles.py): what `specdrive engines build`
 does on a device, for the TensorRT and TensorRT-LLM backend tests."""
 import dataclasses
+import shutil
 from pathlib import Path
 
 from engines import build as eb
 from engines.profile import Shapes, load_profile
 from core.artifacts import read_meta
 from core.config import file_sha256
-from tests.trt_doubles import build_engine
+from tests.trt_doubles import FakeCudaRuntime, FakeTensorRT, build_engine, install
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny"
 TRT = "10.3.0"
@@ -45,3 +46,13 @@ def build_fake_engines(folder: Path, version: str = TRT, kv_dtype: str | None = 
         engines[graph] = {"file": f"trt/{graph}.engine", "sha256": file_sha256(dst), "tensorrt": version}
     return eb.write_manifest(prof, SHIPPED, folder, meta, {"export": "done", "build": "done"},
                              {"status": "not needed", "graphs": {}}, built=True, engines=engines)
+
+
+def engines_on_the_double(onnx: Path, out: Path, monkeypatch) -> Path:
+    """A copy of the ONNX export `onnx` at `out` with engines "built" by the double, and the double
+    (TensorRT TRT on an sm 87 device, as on Orin) installed for the test -> out."""
+    shutil.copytree(onnx, out)
+    build_fake_engines(out)
+    cuda = FakeCudaRuntime(sm=87)
+    install(monkeypatch, FakeTensorRT(cuda, TRT), cuda)
+    return out

@@ -13,7 +13,6 @@ import safetensors.torch
 import torch
 
 from models import io
-from models.config import load_preset
 from models.draft import Draft
 from core.artifacts import DraftVocab
 from core.config import ConfigError, file_sha256
@@ -72,13 +71,6 @@ def test_a_map_that_does_not_fit_the_tokenizer_is_refused(edit, match):
         check_d2t(other, TOK, "here", d2t_sha256(d2t))
 
 
-@pytest.fixture(scope="module")
-def models():
-    cfg = io.with_tokenizer(load_preset("tiny"), TOK)
-    target, expert, _ = io.new_models(cfg, 0)
-    return cfg, target.eval(), expert.eval()
-
-
 def reduced(cfg, target, n=40, seed=1):
     torch.manual_seed(seed)
     d = Draft(ckpt.draft_config(cfg, "flat", n), target.embed_tokens, target.lm_head).eval()
@@ -86,8 +78,8 @@ def reduced(cfg, target, n=40, seed=1):
     return d
 
 
-def test_reduced_logits_are_the_head_rows_scattered_and_minus_inf_elsewhere(models):
-    cfg, target, _ = models
+def test_reduced_logits_are_the_head_rows_scattered_and_minus_inf_elsewhere(tiny_models):
+    cfg, target, _ = tiny_models
     d = reduced(cfg, target)
     torch.manual_seed(1)
     full = Draft(ckpt.draft_config(cfg, "flat"), target.embed_tokens, target.lm_head).eval()
@@ -115,8 +107,8 @@ def save_reduced(folder, cfg, target, d2t=None):
     return ckpt.save_draft(folder, "flat", cfg, d, {"stage": "test"})
 
 
-def test_checkpoint_round_trip_keeps_the_map_and_its_hash(models, tmp_path):
-    cfg, target, _ = models
+def test_checkpoint_round_trip_keeps_the_map_and_its_hash(tiny_models, tmp_path):
+    cfg, target, _ = tiny_models
     folder = save_reduced(tmp_path, cfg, target)
     meta = io.read_meta(folder)
     assert folder.name == "draft-flat-v40" and meta.variant == "flat-v40" and meta.draft_vocab == 40
@@ -131,8 +123,8 @@ def rehash(folder: Path, key: str, value) -> None:
     (folder / "meta.json").write_text(json.dumps(meta))
 
 
-def test_tampered_or_mismatched_maps_are_refused(models, tmp_path):
-    cfg, target, _ = models
+def test_tampered_or_mismatched_maps_are_refused(tiny_models, tmp_path):
+    cfg, target, _ = tiny_models
     good = build_d2t(counts(), TOK, 40)
     no_special = np.append(good[1:], good[-1] + 1)            # <|pad|> dropped, one more text token
     folder = save_reduced(tmp_path / "a", cfg, target, no_special)
@@ -158,8 +150,8 @@ def test_tampered_or_mismatched_maps_are_refused(models, tmp_path):
         io.load_draft(folder, cfg, target, TOK)
 
 
-def test_the_cli_exits_2_on_a_tampered_map(models, tmp_path):
-    cfg, target, expert = models
+def test_the_cli_exits_2_on_a_tampered_map(tiny_models, tmp_path):
+    cfg, target, expert = tiny_models
     folder = tmp_path / "planner"
     io.save(folder / "target", {"target": target}, cfg, {"kind": "target"})
     io.save(folder / "expert", {"expert": expert}, cfg, {"kind": "expert"})
@@ -174,13 +166,13 @@ def test_the_cli_exits_2_on_a_tampered_map(models, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_torch_backend_greedy_speculative_equals_plain_and_q_is_zero_outside_the_head(models):
+def test_torch_backend_greedy_speculative_equals_plain_and_q_is_zero_outside_the_head(tiny_models):
     from runtime.backend import DraftSampling, PrefillInputs
     from runtime.backends.torch import TorchBackend
     from runtime.loop import GreedyRule, generate
     from policies import FixedK
 
-    cfg, target, expert = models
+    cfg, target, expert = tiny_models
     d = reduced(cfg, target)
     rcfg = ckpt.draft_config(cfg, "flat", 40)
     be = TorchBackend(rcfg, target, expert, d, max_len=128)
@@ -199,13 +191,13 @@ def test_torch_backend_greedy_speculative_equals_plain_and_q_is_zero_outside_the
 
 
 @pytest.mark.parametrize("draft_map", ["graph", "host"])
-def test_the_onnx_draft_chain_of_a_reduced_head_matches_torch(models, tmp_path, draft_map):
+def test_the_onnx_draft_chain_of_a_reduced_head_matches_torch(tiny_models, tmp_path, draft_map):
     """The exported draft_chain graph (d2t in the graph, or head logits + host map) gives the
     torch draft's masked logits and arg-max target id."""
     ort = pytest.importorskip("onnxruntime")
     from export import onnx as ex
 
-    cfg, target, expert = models
+    cfg, target, expert = tiny_models
     d = reduced(cfg, target)
     host, V, D, L = draft_map == "host", len(TOK), cfg.target.llm.hidden, 64
     shapes = {"vocab": V, "hidden": D, "head_dim": 32, "image_tokens": 4, "layers": 12, "kv_heads": 2,
@@ -238,7 +230,7 @@ def test_the_onnx_draft_chain_of_a_reduced_head_matches_torch(models, tmp_path, 
     assert diff < 1e-4 and tid == int(np.argmax(want)), f"max diff {diff}, ids {tid} vs {int(np.argmax(want))}"
 
 
-def test_the_trtllm_draft_checkpoint_of_a_reduced_head_sees_full_vocabulary_ids(models, tmp_path):
+def test_the_trtllm_draft_checkpoint_of_a_reduced_head_sees_full_vocabulary_ids(tiny_models, tmp_path):
     """TensorRT-LLM's external draft returns full-vocabulary ids: the reduced head is written as a
     (V, D) lm_head, its rows at their target ids and zero rows elsewhere; with the off-head ids
     banned (the tensorrt-llm backend's bad words) its arg-max is the reduced draft's."""
@@ -246,7 +238,7 @@ def test_the_trtllm_draft_checkpoint_of_a_reduced_head_sees_full_vocabulary_ids(
 
     from engines import trtllm
 
-    cfg, target, _ = models
+    cfg, target, _ = tiny_models
     torch.manual_seed(2)
     scfg = ckpt.draft_config(cfg, "flat-standalone", 40)
     d = Draft(scfg, target.embed_tokens, target.lm_head).eval()

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import io
 from models.config import DraftConfig, ModelConfig, eagle3_feature_layers, load_preset
 from models.draft import Draft
 from core.config import ConfigError
@@ -24,13 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["the lead vehicle brakes ahead so slow down", "keep the lane at steady speed",
          "a pedestrian crosses ahead so stop", "keep the lane"]
 TOK = load_tokenizer(ROOT / "checkpoints" / "tiny")
-
-
-@pytest.fixture(scope="module")
-def models():
-    cfg = io.with_tokenizer(load_preset("tiny"), TOK)
-    target, expert, _ = io.new_models(cfg, 0)
-    return cfg, target.eval(), expert.eval()
 
 
 def eagle3(cfg, target, n=48, seed=3):
@@ -73,8 +65,8 @@ def reference_midlayer(sd, emb, hidden, cos, sin, heads, kv_heads, hd, eps):
     return h + m
 
 
-def test_the_draft_is_eagle3s_midlayer_over_fc_of_the_target_features(models):
-    cfg, target, _ = models
+def test_the_draft_is_eagle3s_midlayer_over_fc_of_the_target_features(tiny_models):
+    cfg, target, _ = tiny_models
     dcfg, d = eagle3(cfg, target)
     llm, sd = d.llm, {k: v.float() for k, v in d.state_dict().items()}
     assert "in_proj.weight" not in sd and not llm.qk_norm
@@ -130,12 +122,12 @@ def test_a_target_too_shallow_for_eagle3_is_refused():
         ModelConfig(dataclasses.replace(cfg.target, llm=llm), DraftConfig(arch="eagle3"), cfg.expert)
 
 
-def test_torch_backend_greedy_speculative_equals_plain(models):
+def test_torch_backend_greedy_speculative_equals_plain(tiny_models):
     from policies import FixedK
     from runtime.backends.torch import TorchBackend
     from runtime.loop import GreedyRule, generate
 
-    cfg, target, expert = models
+    cfg, target, expert = tiny_models
     dcfg, d = eagle3(cfg, target)
     be = TorchBackend(dcfg, target, expert, d, max_len=128)
     assert be.feature_layers == (1, 5, 8)
@@ -149,11 +141,11 @@ def test_torch_backend_greedy_speculative_equals_plain(models):
 
 
 @pytest.mark.parametrize("graph", ["draft_feed", "draft_chain"])
-def test_the_onnx_draft_graphs_match_torch(models, tmp_path, graph):
+def test_the_onnx_draft_graphs_match_torch(tiny_models, tmp_path, graph):
     ort = pytest.importorskip("onnxruntime")
     from export import onnx as ex
 
-    cfg, target, expert = models
+    cfg, target, expert = tiny_models
     dcfg, d = eagle3(cfg, target)
     V, D, L = len(TOK), cfg.target.llm.hidden, 64
     shapes = {"vocab": V, "hidden": D, "head_dim": 32, "image_tokens": 4, "layers": 12, "kv_heads": 2,
@@ -183,14 +175,14 @@ def test_the_onnx_draft_graphs_match_torch(models, tmp_path, graph):
     assert np.array_equal(top, want.argmax(-1))
 
 
-def test_the_training_chain_equals_the_drafting_chain(models):
+def test_the_training_chain_equals_the_drafting_chain(tiny_models):
     """models/chain.py's teacher-forced passes (what distillation trains) give the logits the
     draft gives when it drafts over its cache: the verified rows with target features, then its
     own hidden for each chained row."""
     from models.chain import chain_forward
     from models.draft import shift_features
 
-    cfg, target, _ = models
+    cfg, target, _ = tiny_models
     _, d = eagle3(cfg, target, n=0)
     B, T, first, P = 2, 20, 12, 4
     g = torch.Generator().manual_seed(2)

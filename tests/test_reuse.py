@@ -1,9 +1,9 @@
-"""Reuse across cycles (PlannerConfig.reuse, runtime/reuse.py) on a short drive made here: a
-planner that reuses vision features and drafts from the last cycles' reasoning delivers the
+"""Reuse across cycles (PlannerConfig.reuse, runtime/reuse.py) on a short drive (conftest's
+`drive`): a planner that reuses vision features and drafts from the last cycles' reasoning delivers the
 features, reasoning and trajectory of a planner without reuse on every cycle, on every backend
 (torch, onnxruntime, the TensorRT double); a known frame identity with other pixels is encoded
 afresh, never served stale; bad frame identities end in an input error; the cache stays bounded."""
-import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -12,33 +12,18 @@ import torch
 from core.config import ConfigError, from_dict
 from prompt.vocab import Tokenizer
 from runtime.artifacts import ModelSource, open_backend
-from runtime.config import PlannerConfig, ReuseConfig, load_planner_config
+from runtime.config import PlannerConfig, ReuseConfig
 from runtime.planner import Planner
 from runtime.reuse import VisionCache
 from scenes.config import DT, FRAME_OFFSETS
+from helpers import CYCLES, frames_of, reuse_profile
 from table_backend import TableBackend
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CYCLES = 7            # the t - 0.5 s frames of cycles 5.. are the t frames of cycles 0..
-
-
-@pytest.fixture(scope="module")
-def drive():
-    from scenes.world import make_drive
-
-    return make_drive(7, None, "test", CYCLES * DT)
-
-
-def frames_of(cycle, cams):
-    return [[(cam, cycle.time - k * DT) for k in FRAME_OFFSETS] for cam in cams]
-
-
-def profile(**reuse):
-    cfg = load_planner_config("cpu")
-    return dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, budget_ms=0.0),
-                               max_reasoning_tokens=16, reuse=ReuseConfig(**reuse))
+DRIVE_SEED = 7
+profile = functools.partial(reuse_profile, 16)      # a planner profile with these reuse settings
 
 
 def features(be):
@@ -139,16 +124,9 @@ def test_an_export_without_the_frame_graph_reuses_through_the_whole_graph(drive,
 
 
 def test_reuse_is_exact_on_a_drive_tensorrt_double(drive, tiny_onnx, tmp_path, monkeypatch):
-    import shutil
+    from fake_engines import engines_on_the_double
 
-    from fake_engines import TRT, build_fake_engines
-    from trt_doubles import FakeCudaRuntime, FakeTensorRT, install
-
-    out = tmp_path / "tiny-trt"
-    shutil.copytree(tiny_onnx, out)
-    build_fake_engines(out)
-    cuda = FakeCudaRuntime(sm=87)
-    install(monkeypatch, FakeTensorRT(cuda, TRT), cuda)
+    out = engines_on_the_double(tiny_onnx, tmp_path / "tiny-trt", monkeypatch)
 
     def trt_planner(cfg):
         be, tok = open_backend(ModelSource(engines=out, backend="tensorrt"), cfg.max_len, k_max=cfg.spec.k_max)

@@ -18,45 +18,17 @@ from prompt.vocab import Tokenizer
 from runtime.adaptive import CostModel, StepPolicy
 from models.io import with_tokenizer
 from runtime.backend import PrefillInputs
-from runtime.backends.torch import TorchBackend, noised_copy
+from runtime.backends.torch import TorchBackend
 from runtime.config import BudgetConfig
+from helpers import GapRule, check_equal
 from policies import FixedK
 from tiny_torch import V, build, tiny_config
 from runtime.loop import GreedyRule, generate
 
-SCENES, MAX_NEW, TIE = 200, 16, 1e-5
+SCENES, MAX_NEW = 200, 16
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def backends():
-    cfg = tiny_config()
-    target, expert, routine = build(cfg)
-    return {"self": TorchBackend(cfg, target, expert, target, "self", max_len=128),
-            "noised": TorchBackend(cfg, target, expert, noised_copy(target, 0.05, 1), "self", max_len=128),
-            "routine": TorchBackend(cfg, target, expert, routine, "routine", max_len=128)}
-
-
-class GapRule(GreedyRule):
-    """Greedy, reading logits to record the top-2 gap of every chosen token (plain reference)."""
-    readout = "logits"
-    exact_greedy = False        # accepts on the host, where it records the gaps
-
-    def __init__(self):
-        self.gaps = []
-
-    def _pick(self, rows):
-        top2 = np.sort(rows, axis=-1)[:, -2:]
-        self.gaps += list(top2[:, 1] - top2[:, 0])
-        return rows.argmax(-1)
-
-    def first(self, row):
-        return int(self._pick(row)[0])
-
-    def accept(self, draft, q, rows):
-        return 0, int(self._pick(rows)[0])
 
 
 def scene(i: int):
@@ -64,23 +36,14 @@ def scene(i: int):
     return rng.integers(0, V, rng.integers(6, 24))
 
 
-def check_equal(out, plain, gaps, where, ties):
-    """A mismatch is a bug unless the target's top-2 gap at the divergence is < 1e-5."""
-    if out == plain:
-        return
-    j = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b), min(len(out), len(plain)))
-    assert j < len(gaps) and gaps[j] < TIE, f"{where}: diverges at token {j} (gap {gaps[j] if j < len(gaps) else None})"
-    ties.append(where)
-
-
 @pytest.mark.slow
-def test_greedy_speculative_equals_plain_on_200_scenes_every_k_and_adaptive(backends):
-    kinds = list(backends)
+def test_greedy_speculative_equals_plain_on_200_scenes_every_k_and_adaptive(tiny_backends):
+    kinds = list(tiny_backends)
     branches = {k: Counter() for k in kinds}
     ties, tokens = [], 0
     for i in range(SCENES):
         kind = kinds[i % 3]
-        be, prompt = backends[kind], scene(i)
+        be, prompt = tiny_backends[kind], scene(i)
         rule = GapRule()
         full, _, _ = generate(be, prompt, rule, FixedK(0), max_new=MAX_NEW)
         stop = [full[len(full) // 2]]
@@ -100,17 +63,17 @@ def test_greedy_speculative_equals_plain_on_200_scenes_every_k_and_adaptive(back
     assert sum(b["max_length"] for b in branches.values())
 
 
-def test_self_draft_tau_is_k_plus_1(backends):
+def test_self_draft_tau_is_k_plus_1(tiny_backends):
     for k in (2, 5):
-        _, _, stats = generate(backends["self"], scene(1), GreedyRule(), FixedK(k), max_new=1 + 3 * (k + 1))
+        _, _, stats = generate(tiny_backends["self"], scene(1), GreedyRule(), FixedK(k), max_new=1 + 3 * (k + 1))
         assert stats.tau == k + 1 and stats.accepted == stats.drafted
 
 
 @torch.no_grad()
-def test_cached_plain_decoding_equals_full_recompute(backends):
+def test_cached_plain_decoding_equals_full_recompute(tiny_backends):
     """The backend's plain decoding (cache, rollback by start) against a forward over the whole
     sequence without any cache, token by token."""
-    be = backends["routine"]
+    be = tiny_backends["routine"]
     for i in range(5):
         prompt = scene(i)
         out, _, _ = generate(be, prompt, GreedyRule(), FixedK(3), max_new=12)
@@ -123,10 +86,10 @@ def test_cached_plain_decoding_equals_full_recompute(backends):
         assert out == seq[len(prompt):]
 
 
-def test_static_forward_equals_eager(backends):
+def test_static_forward_equals_eager(tiny_backends):
     """The graph path's static forward (index_copy_ writes, masked attention over max_len),
     run uncaptured on CPU, gives the eager tokens for every draft kind."""
-    for kind, be in backends.items():
+    for kind, be in tiny_backends.items():
         static = TorchBackend(be.cfg, be.target, be.expert_model, be.draft_model, be.draft_kind, max_len=128, static=True)
         for i in range(6):
             a, _, _ = generate(be, scene(i), GreedyRule(), FixedK(3), max_new=12)
@@ -136,8 +99,8 @@ def test_static_forward_equals_eager(backends):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
-def test_cuda_graphs_equal_eager_on_gpu(backends):
-    cfg = backends["self"].cfg
+def test_cuda_graphs_equal_eager_on_gpu(tiny_backends):
+    cfg = tiny_backends["self"].cfg
     target, expert, routine = build(cfg)
     for kind, draft in (("self", target), ("routine", routine)):
         eager = TorchBackend(cfg, target, expert, draft, kind, device="cuda", max_len=128, eager=True)
@@ -152,10 +115,10 @@ def test_cuda_graphs_equal_eager_on_gpu(backends):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
-def test_every_cuda_graph_is_captured_when_the_backend_is_made(backends):
+def test_every_cuda_graph_is_captured_when_the_backend_is_made(tiny_backends):
     """Every verify width and draft feed width 1..k_max+1 and the chain step are captured by the
     constructor; decoding at every k then only replays them (nothing captured inside a cycle)."""
-    cfg = backends["self"].cfg
+    cfg = tiny_backends["self"].cfg
     target, expert, routine = build(cfg)
     be = TorchBackend(cfg, target, expert, routine, "routine", device="cuda", max_len=128, eager=False, k_max=8)
     keys = set(be.graphs.graphs)
@@ -205,24 +168,24 @@ def test_planner_prompts_with_images_spec_equals_plain():
     assert np.abs(rows[0] - rows[1]).max() > 1e-3
 
 
-def test_sampling_through_the_torch_backend(backends):
+def test_sampling_through_the_torch_backend(tiny_backends):
     """Speculative sampling with the target as its own draft: p == q, so every draft token is
     accepted (tau = k + 1) and the output is a valid sample; the random routine draft is often
     rejected."""
     from runtime.loop import SamplingRule
 
     rng = np.random.default_rng(0)
-    _, _, stats = generate(backends["self"], scene(3), SamplingRule(0.6, 0.98, rng), FixedK(4), max_new=21)
+    _, _, stats = generate(tiny_backends["self"], scene(3), SamplingRule(0.6, 0.98, rng), FixedK(4), max_new=21)
     assert stats.accepted == stats.drafted and stats.tau == 5
-    out, _, stats = generate(backends["routine"], scene(3), SamplingRule(1.0, 1.0, rng), FixedK(4), max_new=40)
+    out, _, stats = generate(tiny_backends["routine"], scene(3), SamplingRule(1.0, 1.0, rng), FixedK(4), max_new=40)
     assert len(out) == 40 and 0 < stats.accepted < stats.drafted and all(0 <= t < V for t in out)
 
 
-def test_static_runner_logits_within_1e6_of_eager(backends):
+def test_static_runner_logits_within_1e6_of_eager(tiny_backends):
     """The static runner runs Target.forward / Draft.forward with `start` a device tensor: the
     verify logits, the fused features and the draft's cache match eager within 1e-6 (CPU)."""
     worst = {}
-    for kind, be in backends.items():
+    for kind, be in tiny_backends.items():
         static = TorchBackend(be.cfg, be.target, be.expert_model, be.draft_model, be.draft_kind, max_len=128, static=True)
         ids = np.asarray(scene(3), np.int64)
         pos = np.tile(np.arange(len(ids)), (3, 1))

@@ -3,7 +3,7 @@ planner that keeps each frame's image-block K/V delivers the reasoning of a plan
 every cycle in full, on every cycle of a drive, with cache rows equal to float rounding; a frame
 whose pixels changed under a known identity is recomputed, never served stale; streaming asked of
 a causal target is refused naming why."""
-import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -12,29 +12,13 @@ import torch
 from models.layers import frame_local_mask, image_blocks
 from core.config import ConfigError
 from runtime.artifacts import ModelSource, open_backend
-from runtime.config import ReuseConfig, load_planner_config
+from runtime.config import ReuseConfig
 from runtime.planner import Planner
-from scenes.config import DT, FRAME_OFFSETS
+from helpers import CYCLES, frames_of, reuse_profile
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-CYCLES = 7            # the t - 0.5 s frames of cycles 5.. are the t frames of cycles 0..
-
-
-@pytest.fixture(scope="module")
-def drive():
-    from scenes.world import make_drive
-
-    return make_drive(11, None, "test", CYCLES * DT)
-
-
-def frames_of(cycle, cams):
-    return [[(cam, cycle.time - k * DT) for k in FRAME_OFFSETS] for cam in cams]
-
-
-def profile(**reuse):
-    cfg = load_planner_config("cpu")
-    return dataclasses.replace(cfg, budget=dataclasses.replace(cfg.budget, budget_ms=0.0),
-                               max_reasoning_tokens=24, reuse=ReuseConfig(**reuse))
+DRIVE_SEED = 11
+profile = functools.partial(reuse_profile, 24)      # a planner profile with these reuse settings
 
 
 def target_cache(be) -> np.ndarray:
@@ -201,16 +185,9 @@ def test_a_causal_export_has_no_streaming(causal_onnx):
 
 
 def test_streaming_prefill_is_exact_on_a_drive_tensorrt_double(drive, frame_local_onnx, tmp_path, monkeypatch):
-    import shutil
+    from fake_engines import engines_on_the_double
 
-    from fake_engines import TRT, build_fake_engines
-    from trt_doubles import FakeCudaRuntime, FakeTensorRT, install
-
-    out = tmp_path / "tiny-frame-local-trt"
-    shutil.copytree(frame_local_onnx, out)
-    build_fake_engines(out)
-    cuda = FakeCudaRuntime(sm=87)
-    install(monkeypatch, FakeTensorRT(cuda, TRT), cuda)
+    out = engines_on_the_double(frame_local_onnx, tmp_path / "tiny-frame-local-trt", monkeypatch)
 
     def trt_planner(cfg):
         be, tok = open_backend(ModelSource(engines=out, backend="tensorrt"), cfg.max_len, k_max=cfg.spec.k_max)

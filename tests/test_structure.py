@@ -365,3 +365,92 @@ def test_no_library_function_takes_an_argparse_namespace():
     hits = [f"{f.relative_to(ROOT)}:{line}: {fn}({p})"
             for f, text in sources(LIBRARIES) for line, fn, p in namespace_params(ast.parse(text, str(f)))]
     assert not hits, "library functions taking an argparse Namespace (take a typed config):\n" + "\n".join(hits)
+
+
+# --- a planner config is changed in one way: runtime.config.with_overrides -----------------------
+def planner_sections() -> tuple[set, set]:
+    """(PlannerConfig's field names, the names of its sections: the fields that are dataclasses)."""
+    import dataclasses
+    from runtime.config import PlannerConfig
+    cfg = PlannerConfig()
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    return fields, {name for name in fields if dataclasses.is_dataclass(getattr(cfg, name))}
+
+
+def _is_replace(call) -> bool:
+    """CALL is `replace(...)` or `dataclasses.replace(...)`."""
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        return f.attr == "replace" and isinstance(f.value, ast.Name) and f.value.id == "dataclasses"
+    return isinstance(f, ast.Name) and f.id == "replace"
+
+
+def _through_section(node, sections: set) -> bool:
+    """NODE is `x.<section>` or a field of one, `x.<section>.<field>`."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr in sections:
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr in sections
+
+
+def _assigned_in_config(node, sections: set) -> bool:
+    """NODE, an assignment target, is a field of a section (`x.spec.k`) or a section of an owner
+    named as a config (`cfg.budget`, `planner.cfg.reuse`; a result's `res.checks` is not one)."""
+    if not _through_section(node, sections):
+        return False
+    if node.attr not in sections:
+        return True
+    owner = node.value
+    name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+    return bool(re.search(r"(cfg|config)$", name))
+
+
+def planner_config_edits(tree) -> list[tuple[int, str]]:
+    """(line, code) of every change to a planner config made around with_overrides, found by name
+    (the code has no types to read): a dataclasses.replace with a keyword that is a PlannerConfig
+    field, or of `x.<section>` (spec, budget, checks, reuse); an assignment to a field of a section,
+    or to a section of something named `...cfg` / `...config`. A top-level field that other objects
+    share (max_len) is caught in replace only."""
+    fields, sections = planner_sections()
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_replace(node):
+            if {k.arg for k in node.keywords} & fields or (node.args and _through_section(node.args[0], sections)):
+                hits.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            hits += [(node.lineno, ast.unparse(node)) for t in targets if _assigned_in_config(t, sections)]
+    return sorted(hits)
+
+
+PLANTED_EDITS = '''
+import dataclasses
+from dataclasses import replace
+a = dataclasses.replace(cfg, fallback="inline")
+b = replace(cfg.spec, k=8)
+c = dataclasses.replace(cfg, budget=BudgetConfig())
+cfg.spec.k = 8
+planner.cfg.budget = BudgetConfig()
+cfg.reuse.max_frames += 1
+ok = dataclasses.replace(model_cfg, draft=d)
+res.checks = checked
+ok = dataclasses.replace(w, k=3, tau=1.0)
+self.max_len = 64
+'''
+
+
+def test_the_planner_config_edit_checker_finds_planted_edits():
+    assert [line for line, _ in planner_config_edits(ast.parse(PLANTED_EDITS))] == [4, 5, 6, 7, 8, 9]
+
+
+# being rewritten elsewhere as a bench option (its config change goes with it)
+EDITS_LEFT_TO_ANOTHER_CHANGE = {"tools/stream_breakdown.py"}
+
+
+def test_planner_configs_change_only_through_with_overrides():
+    """with_overrides re-builds and re-validates the whole config and names where a bad key came
+    from; a dataclasses.replace of a section skips PlannerConfig's checks across sections
+    (spec.relax_r against trajectory, reuse.max_frames against the cameras), an assignment every check."""
+    hits = [f"{f.relative_to(ROOT)}:{line}: {code}" for f, text in sources(LIBRARIES + ("tools",))
+            if str(f.relative_to(ROOT)) not in EDITS_LEFT_TO_ANOTHER_CHANGE
+            for line, code in planner_config_edits(ast.parse(text, str(f)))]
+    assert not hits, "planner configs changed around runtime.config.with_overrides:\n" + "\n".join(hits)

@@ -21,7 +21,7 @@ from core.config import ConfigError, file_sha256
 from core.artifacts import stamp_facts
 from prompt.tokenizer import load_tokenizer
 from runtime.artifacts import ModelSource, open_backend
-from runtime.config import PlannerConfig, SpecConfig, load_planner_config
+from runtime.config import PlannerConfig, SpecConfig, load_planner_config, with_overrides
 from runtime.planner import Planner
 from scenes.world import make_scene
 from tests.fake_engines import SHIPPED, TRT, build_fake_engines
@@ -376,8 +376,8 @@ def test_real_engines_speculative_equals_plain(tmp_path):
     def real(eager, spec):
         be, tok = open_backend(ModelSource(engines=out, backend="tensorrt", eager=eager), cfg.max_len,
                                k_max=cfg.spec.k_max)
-        return Planner(be, tok, dataclasses.replace(cfg, spec=spec, fallback="on_failure",
-                                                    budget=dataclasses.replace(cfg.budget, budget_ms=0.0)))
+        changes = {"spec": dataclasses.asdict(spec), "fallback": "on_failure", "budget": {"budget_ms": 0.0}}
+        return Planner(be, tok, with_overrides(cfg, changes))
     plain = real(False, SpecConfig(k=0, adaptive=False))
     others = [real(False, SpecConfig(k=4, adaptive=True)), real(True, SpecConfig(k=4, adaptive=True))]
     for i in range(8):

@@ -10,53 +10,22 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import GapRule, check_equal
 from policies import FixedK
 from core.config import ConfigError
 from runtime.adaptive import StepPolicy
-from runtime.backends.torch import TorchBackend, noised_copy
 from runtime.budget import CostModel, CycleBudget
 from runtime.step import Chain, StepRecord, TreeStep
 from runtime.config import BudgetConfig, SpecConfig
 from runtime.backend import PrefillInputs
 from runtime.loop import DecodeState, GreedyRule, decode, generate
 from runtime.tree import Tree, TreeBuilder, TreeShape, accept_greedy_tree, chain_tree, greedy_run, layout
-from tiny_torch import V, build, tiny_config
+from tiny_torch import V
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = (TreeShape(8, 4, 2), TreeShape(12, 5, 3), TreeShape(6, 6, 1), TreeShape(16, 3, 6))
 
-TIE = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class GapRule(GreedyRule):
-    """Greedy, reading logits to record the top-2 gap of every chosen token (the plain reference)."""
-    readout = "logits"
-    exact_greedy = False        # accepts on the host, where it records the gaps
-
-    def __init__(self):
-        self.gaps = []
-
-    def _pick(self, rows):
-        top2 = np.sort(rows, axis=-1)[:, -2:]
-        self.gaps += list(top2[:, 1] - top2[:, 0])
-        return rows.argmax(-1)
-
-    def first(self, row):
-        return int(self._pick(row)[0])
-
-    def accept(self, draft, q, rows):
-        return 0, int(self._pick(rows)[0])
-
-
-def check_equal(out, plain, gaps, where, ties):
-    """A mismatch is a bug unless the target's top-2 gap at the divergence is < 1e-5 (a near-tie
-    that float rounding of another verify width may flip)."""
-    if out == plain:
-        return
-    j = next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b), min(len(out), len(plain)))
-    assert j < len(gaps) and gaps[j] < TIE, f"{where}: diverges at token {j}"
-    ties.append(where)
 
 
 class FixedTree(FixedK):
@@ -71,15 +40,6 @@ class FixedTree(FixedK):
 
     def record(self, rec) -> None:
         self.tree_steps += isinstance(rec.step, TreeStep)
-
-
-@pytest.fixture(scope="module")
-def backends():
-    cfg = tiny_config()
-    target, expert, routine = build(cfg)
-    return {"self": TorchBackend(cfg, target, expert, target, "self", max_len=128),
-            "noised": TorchBackend(cfg, target, expert, noised_copy(target, 0.05, 1), "self", max_len=128),
-            "routine": TorchBackend(cfg, target, expert, routine, "routine", max_len=128)}
 
 
 def scene(i: int):
@@ -196,11 +156,11 @@ def test_sampling_keeps_chains():
         SpecConfig(decoding="sample", tree="8,4,2")
 
 
-def test_a_tree_wider_than_the_backend_takes_is_refused(backends):
+def test_a_tree_wider_than_the_backend_takes_is_refused(tiny_backends):
     from runtime.cycle import check_trees
     from runtime.config import PlannerConfig
 
-    be = backends["self"]
+    be = tiny_backends["self"]
     be.tree_width = 9
     try:
         with pytest.raises(ConfigError, match="allowed nodes <= 8"):
@@ -230,9 +190,9 @@ def test_the_budget_prices_the_whole_tree_and_falls_back_to_a_chain():
 
 
 # --- torch: greedy tree decoding is plain decoding ----------------------------------------------
-def test_greedy_trees_equal_plain_decoding_every_draft_and_shape(backends):
+def test_greedy_trees_equal_plain_decoding_every_draft_and_shape(tiny_backends):
     ties, steps, moved = [], 0, 0
-    for name, be in backends.items():
+    for name, be in tiny_backends.items():
         original = be.keep_rows
 
         def keep_rows(start, rows, *rest, _orig=original):
@@ -255,15 +215,15 @@ def test_greedy_trees_equal_plain_decoding_every_draft_and_shape(backends):
     assert len(ties) <= 2, ties
 
 
-def test_a_self_draft_tree_of_top1_is_a_fully_accepted_chain(backends):
+def test_a_self_draft_tree_of_top1_is_a_fully_accepted_chain(tiny_backends):
     for i in range(10):
-        _, _, stats = generate(backends["self"], scene(i), GreedyRule(), FixedTree(TreeShape(5, 5, 1)), max_new=16)
+        _, _, stats = generate(tiny_backends["self"], scene(i), GreedyRule(), FixedTree(TreeShape(5, 5, 1)), max_new=16)
         assert stats.trees >= stats.steps - 1 and all(n == 5 for n in stats.ns[:-1]), stats.ns   # the last: no room
 
 
-def test_without_the_row_move_tree_decoding_is_wrong(backends):
+def test_without_the_row_move_tree_decoding_is_wrong(tiny_backends):
     """The check above can fail: keeping the accepted rows where the tree had them breaks it."""
-    be = backends["noised"]
+    be = tiny_backends["noised"]
     be.keep_rows = lambda *args: None
     try:
         wrong = sum(generate(be, scene(i), GreedyRule(), FixedTree(TreeShape(12, 4, 3)), max_new=16)[0] !=
@@ -273,10 +233,10 @@ def test_without_the_row_move_tree_decoding_is_wrong(backends):
     assert wrong >= 3
 
 
-def test_the_caches_after_tree_decoding_hold_plain_decodings_rows(backends):
+def test_the_caches_after_tree_decoding_hold_plain_decodings_rows(tiny_backends):
     """Target rows [0, t_len) and the draft's kept rows [0, d_len) (a self draft keeps its
     proposals' rows) equal those of the same tokens fed plainly, within float rounding."""
-    be = backends["noised"]
+    be = tiny_backends["noised"]
     for i in range(8):
         ids = np.asarray(scene(i), np.int64)
         pos = np.repeat(np.arange(len(ids))[None], 3, 0)
