@@ -442,15 +442,10 @@ def test_the_planner_config_edit_checker_finds_planted_edits():
     assert [line for line, _ in planner_config_edits(ast.parse(PLANTED_EDITS))] == [4, 5, 6, 7, 8, 9]
 
 
-# being rewritten elsewhere as a bench option (its config change goes with it)
-EDITS_LEFT_TO_ANOTHER_CHANGE = {"tools/stream_breakdown.py"}
-
-
 def test_planner_configs_change_only_through_with_overrides():
     """with_overrides re-builds and re-validates the whole config and names where a bad key came
     from; a dataclasses.replace of a section skips PlannerConfig's checks across sections
     (spec.relax_r against trajectory, reuse.max_frames against the cameras), an assignment every check."""
     hits = [f"{f.relative_to(ROOT)}:{line}: {code}" for f, text in sources(LIBRARIES + ("tools",))
-            if str(f.relative_to(ROOT)) not in EDITS_LEFT_TO_ANOTHER_CHANGE
             for line, code in planner_config_edits(ast.parse(text, str(f)))]
     assert not hits, "planner configs changed around runtime.config.with_overrides:\n" + "\n".join(hits)
