@@ -297,7 +297,7 @@ class TorchBackend(TorchTrees, Backend):
                                          rope_delta=self.delta, noise=noise, samples=r.samples, combine=r.combine)
         return self.link.down(wp[0].float())
 
-    # --- the forwards the runner captures (start: an int, or a (1,) device tensor) ---------------
+    # --- the forwards StaticRunner captures (torch_graphs.py; start: an int or a (1,) device tensor)
     def verify_forward(self, ids, cos, sin, start):
         """Target.forward over the cache -> logits (1, w, V), fused features (w, 3D) or None."""
         logits, hid = self.target(ids, cos, sin, self.cache, start, hidden_layers=self.feature_layers)

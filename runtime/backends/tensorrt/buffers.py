@@ -145,11 +145,8 @@ ROLES = {VISION: ImageIO, VISION_FRAME: ImageIO, PREFILL: PromptIO, IMAGE_BLOCKS
 
 
 def io_set(graph: str, addresses: dict, dtypes: dict):
-    """Graph `graph`'s buffers ({tensor: address}, {tensor: dtype}) as its role's typed set; a
-    tensor the role does not declare is refused (an export whose graphs changed)."""
+    """Graph `graph`'s buffers ({tensor: address}, {tensor: dtype}) as its role's typed set (a
+    tensor the role does not name is still bound by the engine, just never addressed here)."""
     role = ROLES[graph]
-    known = {f.name for f in dataclasses.fields(role)}
-    extra = sorted(set(addresses) - known)
-    if extra:
-        raise ValueError(f"{graph}: tensors {extra} are not among {role.__name__}'s buffers")
-    return role(**{n: Buffer(int(ptr), np.dtype(dtypes[n])) for n, ptr in addresses.items()})
+    names = [f.name for f in dataclasses.fields(role) if f.name in addresses]
+    return role(**{n: Buffer(int(addresses[n]), np.dtype(dtypes[n])) for n in names})
