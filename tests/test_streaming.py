@@ -28,8 +28,8 @@ def target_cache(be) -> np.ndarray:
         return np.asarray(be.cache)
     t = be.meta.target                      # the TensorRT double: device memory read back
     host = np.zeros((t.layers, 2, 1, t.kv_heads, be.max_len, t.head_dim),
-                    np.float16 if be.kv["cache"][2] == 2 else np.float32)
-    be.cuda.d2h(host, be.cache, be.stream)
+                    np.float16 if be.cache.dtype.itemsize == 2 else np.float32)
+    be.cuda.d2h(host, be.cache.ptr, be.stream)
     return host.astype(np.float32)
 
 

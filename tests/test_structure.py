@@ -449,3 +449,48 @@ def test_planner_configs_change_only_through_with_overrides():
     hits = [f"{f.relative_to(ROOT)}:{line}: {code}" for f, text in sources(LIBRARIES + ("tools",))
             for line, code in planner_config_edits(ast.parse(text, str(f)))]
     assert not hits, "planner configs changed around runtime.config.with_overrides:\n" + "\n".join(hits)
+
+# --- runtime files a reader can hold; the TensorRT backend's buffers are typed -------------------
+RUNTIME_MAX_LINES = 450
+TENSORRT = ROOT / "runtime" / "backends" / "tensorrt"
+
+
+def test_no_runtime_file_is_over_450_lines():
+    big = {f.relative_to(ROOT).as_posix(): n for f, text in sources(["runtime"])
+           if (n := len(text.splitlines())) > RUNTIME_MAX_LINES}
+    assert not big, f"runtime/ files over {RUNTIME_MAX_LINES} lines (split them by what they hold): {big}"
+
+
+def string_subscripts(source: str, name: str = "<source>") -> list[str]:
+    """Every `x["literal"]` in SOURCE, loads and stores: a buffer addressed by a string."""
+    return [f"{name}:{node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(source, name))
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)]
+
+
+def byte_literals(source: str, name: str = "<source>") -> list[str]:
+    """Every multiplication by 4 or 8 in SOURCE: an fp32 / int64 element size written as a number."""
+    hits = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and side.value in (4, 8) and type(side.value) is int:
+                    hits.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_the_buffer_checkers_find_planted_subscripts_and_sizes():
+    planted = ('cuda.h2d(e.buf["ids"], host, s)\nself.kv["cache"] = 1\nx = e.dtype[name]\n'
+               'y = self.feats + (start + 1) * F * 4\nz = slot + 8 * j\nw = 2 * (k + 1)\n')
+    assert {h.split(": ", 1)[1] for h in string_subscripts(planted)} == {"e.buf['ids']", "self.kv['cache']"}
+    assert len(byte_literals(planted)) == 2                  # `2 * (k + 1)` is a count, not a size
+    assert not string_subscripts("e.io.ids.ptr\nx[n]\n") and not byte_literals("a.bytes(n * F)\n")
+
+
+def test_the_tensorrt_backend_addresses_buffers_by_attribute_and_sizes_by_dtype():
+    """Device buffers are typed sets (runtime/backends/tensorrt/buffers.py): `e.io.logits`, not
+    `e.buf["logits"]`; element sizes come from the buffers' dtypes, never a literal 4 or 8."""
+    files = sorted(TENSORRT.glob("*.py"))
+    hits = [h for f in files for h in string_subscripts(f.read_text(), f.relative_to(ROOT).as_posix())]
+    hits += [h for f in files for h in byte_literals(f.read_text(), f.relative_to(ROOT).as_posix())]
+    assert len(files) >= 6 and not hits, "string-subscripted buffers or literal element sizes:\n" + "\n".join(hits)

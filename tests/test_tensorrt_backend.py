@@ -95,13 +95,12 @@ def test_the_kv_cache_element_size_is_the_engines_kv_dtype(engines, tmp_path, do
     build_fake_engines(e, kv_dtype="float16")
     trt, cuda = doubles
     p, be = planner(e, spec=SpecConfig(k=4, adaptive=False))
-    assert be.kv["cache"][2] == be.kv["draft_cache"][2] == 2
+    assert be.cache.dtype.itemsize == be.draft_cache.dtype.itemsize == 2
     ref, ort = planner(e, backend=None, spec=SpecConfig(k=0, adaptive=False))
     s = make_scene(100, split="test")
     r, _ = p.plan(s.images, s.history), ref.plan(s.images, s.history)
     assert r.trajectory is not None and r.reasoning_ids
-    blocks, hd, size = be.kv["cache"]
-    got = cuda.region(be.cache, blocks * be.max_len * hd * size).view(np.float16).reshape(ort.cache.shape)
+    got = cuda.region(be.cache.ptr, be.cache.nbytes).view(np.float16).reshape(ort.cache.shape)
     rows = slice(0, 8)                              # prompt rows: both backends' prefill wrote them
     want = ort.cache[..., rows, :]
     diff = float(np.abs(got[..., rows, :].astype(np.float32) - want).max())

@@ -97,7 +97,7 @@ class TrtLlmBackend(Backend):
         self.engines.vision(images)
         e = self.engines.engines[VISION]
         table = np.zeros(self.engines.meta.graphs[VISION].outputs[0].shape, np.float32)
-        self.engines.cuda.d2h(table, e.buf["image_embeds"], self.engines.stream)
+        self.engines.cuda.d2h(table, e.io.image_embeds.ptr, self.engines.stream)
         self.engines.cuda("cudaStreamSynchronize", self.engines.stream)
         self.prompt_table = self.torch.from_numpy(table)          # (N, D): one row per image token
         self.cycle += 1

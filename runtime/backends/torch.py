@@ -16,7 +16,8 @@ every verify width, draft feed width (1..k_max+1) and the draft chain's step is 
 CUDA graph of that forward when the backend is made (never inside a cycle), with `start` a
 device tensor; static=True runs the same on CPU (what the tests compare with
 eager). This module holds only what is backend-specific: buffers, streams and graphs. The
-fallback expert runs on its own stream.
+fallback expert runs on its own stream. Beside it: torch_trees.py (token trees), torch_graphs.py
+(the static runner and its CUDA graphs), torch_step.py (the greedy step on the device).
 """
 from __future__ import annotations
 
@@ -31,21 +32,21 @@ from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.draft import shift_features
 from models.rope import apply_rope
-from models.layers import move_rows, tree_mask
 from models.target import Target, write_image_blocks
 from core.config import ConfigError
 from core.graphs import SHAPES
 from prompt.pixels import images_to_patches
 from runtime.backend import Backend, BackendSpec, PrefillInputs, expert_noise, image_rows
+from runtime.backends.torch_graphs import StaticRunner
 from runtime.backends.torch_step import DeviceStep, HostLink, raw_costs
+from runtime.backends.torch_trees import TorchTrees
 from runtime.config import K_MAX_LIMIT
-from runtime.tree import TreeBuilder
 
 DRAFT_KINDS = ("routine", "self", "none")
 DEFAULT_MAX_LEN = SHAPES.max_len
 
 
-class TorchBackend(Backend):
+class TorchBackend(TorchTrees, Backend):
     name = "torch"
     reuses_vision = True
     streams_prefill = True
@@ -261,7 +262,7 @@ class TorchBackend(Backend):
         as it is -> logits (1, w, V), fused features (w, 3D) or None."""
         if self.graphs is not None:
             return self.graphs.target(ids, start)
-        return self._verify(ids, *self._text_rope(start, ids.shape[1]), start)
+        return self.verify_forward(ids, *self._text_rope(start, ids.shape[1]), start)
 
     def raw_costs(self, widths, ks) -> dict:
         return raw_costs(self, widths, ks)
@@ -273,89 +274,6 @@ class TorchBackend(Backend):
     def greedy_step(self, tokens, start: int, draft_tokens, draft_start: int, k: int, proposal, clock):
         """runtime/torch_step.py: the greedy step on the device, one read back."""
         return self.device_step.step(tokens, start, draft_tokens, draft_start, k, proposal, clock)
-
-    # --- token trees (runtime/tree.py) ----------------------------------------------------------
-    @torch.no_grad()
-    def draft_tree(self, tokens, start: int, shape):
-        """Feed `tokens` at `start` (the root is the last), then expand level by level: the K best
-        candidates of a depth are fed in one call at the next free rows, each under a mask of the
-        prefix, its ancestors' rows and its own, at the position of its depth."""
-        if self.draft_kind == "none":
-            raise ConfigError("this backend has no draft (--draft none): use k = 0")
-        ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
-        n = ids.shape[1]
-        self.check_rows(start, n)
-        logits, hidden = self.draft_step(ids, start, self.feed_features(start, n))
-        base, K = start + n, shape.topk
-        b = TreeBuilder(shape)
-        top_ids, top_lp = self._topk(logits[0, -1:], np.array([base]), K)
-        b.root(top_ids[0], top_lp[0])
-        hid = {-1: hidden[0, -1]} if self.fused else {}
-        row = base
-        while (nodes := b.expand()) is not None:
-            m = len(nodes)
-            self.check_rows(row, m)
-            pos = np.array([base - 1 + b.depths[x] for x in nodes], np.int64)
-            mask = np.zeros((m, self.max_len), bool)
-            mask[:, :base] = True
-            for i, x in enumerate(nodes):
-                mask[i, row + i] = True
-                p = b.parents[x]
-                while p >= 0:
-                    mask[i, b.row_of(p)] = True
-                    p = b.parents[p]
-            node_ids = torch.as_tensor([b.tokens[x] for x in nodes], device=self.device)[None]
-            feat = torch.stack([hid[b.parents[x]] for x in nodes])[None] if self.fused else None
-            logits, hidden = self._feed(node_ids, *self._draft_rope_at(pos), row, feat,
-                                        tree=torch.from_numpy(mask).to(self.device))
-            top_ids, top_lp = self._topk(logits[0], pos + 1, K)
-            b.children(nodes, range(row, row + m), top_ids, top_lp)
-            if self.fused:
-                hid.update({x: hidden[0, i] for i, x in enumerate(nodes)})
-            row += m
-        return b.tree()
-
-    @torch.no_grad()
-    def verify_tree(self, tokens, start: int, readout: str, offsets, mask) -> np.ndarray:
-        ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
-        w = ids.shape[1]
-        self.check_rows(start, w)
-        offsets = np.asarray(offsets, np.int64)
-        pos = torch.as_tensor(start + offsets + self.delta, device=self.device)[None]
-        tree = tree_mask(start, torch.as_tensor(np.asarray(mask, bool), device=self.device), self.max_len)
-        logits, hid = self.target(ids, *self.target.rope(pos), self.cache, start,
-                                  hidden_layers=self.feature_layers, tree=tree)
-        if self.fused:
-            self.feats[start:start + w] = torch.cat(hid, -1)[0]
-        masked = self._masked_at(logits[0].float(), start + 1 + offsets)
-        return self.read(readout, lambda: self.link.down(masked.argmax(-1)), lambda: self.link.down(masked))
-
-    @torch.no_grad()
-    def keep_rows(self, start: int, rows, draft_start: int, draft_rows) -> None:
-        _move(self.cache, 4, start, rows, self.device)
-        if self.fused:
-            _move(self.feats, 0, start, rows, self.device)
-        if self.draft_cache is not None and len(draft_rows):
-            _move(self.draft_cache, 4, draft_start, draft_rows, self.device)
-
-    def _topk(self, logits: torch.Tensor, index: np.ndarray, k: int):
-        """logits (n, V) choosing the tokens at sequence indices `index` (n,) -> top-k ids and
-        masked log-probabilities, (n, k) each, on the host."""
-        lp = torch.log_softmax(self._masked_at(logits.float(), index), -1)
-        val, ids = lp.topk(min(k, lp.shape[-1]), -1)
-        return self.link.down(ids), self.link.down(val)
-
-    def _masked_at(self, logits: torch.Tensor, index: np.ndarray) -> torch.Tensor:
-        """logits (n, V) choosing the tokens at sequence indices `index` (n,) -> masked fp32."""
-        rows = (np.asarray(index, np.int64) - self.mask_first) % len(self.allowed)
-        return logits.float().masked_fill(~self.allowed_dev[torch.from_numpy(rows).to(self.device)], float("-inf"))
-
-    def _draft_rope_at(self, pos: np.ndarray):
-        """cos, sin of draft rows at chain positions `pos` (n,) (a tree node: its depth's row)."""
-        p = torch.as_tensor(np.asarray(pos, np.int64), device=self.device)[None]
-        if self.draft_kind == "self" or self.cfg.draft.rope == "mrope":
-            return self.target.rope(p + self.delta)
-        return self.draft_model.rope(p)
 
     @contextlib.contextmanager
     def action_scope(self):
@@ -379,13 +297,13 @@ class TorchBackend(Backend):
                                          rope_delta=self.delta, noise=noise, samples=r.samples, combine=r.combine)
         return self.link.down(wp[0].float())
 
-    # --- the forwards the runner captures (start: an int, or a (1,) device tensor) ---------------
-    def _verify(self, ids, cos, sin, start):
+    # --- the forwards StaticRunner captures (torch_graphs.py; start: an int or a (1,) device tensor)
+    def verify_forward(self, ids, cos, sin, start):
         """Target.forward over the cache -> logits (1, w, V), fused features (w, 3D) or None."""
         logits, hid = self.target(ids, cos, sin, self.cache, start, hidden_layers=self.feature_layers)
         return logits, (torch.cat(hid, -1)[0] if self.fused else None)
 
-    def _feed(self, ids, cos, sin, start, feat=None, tree=None):
+    def feed_forward(self, ids, cos, sin, start, feat=None, tree=None):
         """Draft.forward (or the target's, for a self draft) -> logits, hidden (None: self);
         `tree` (T, max_len): a token tree's mask instead of the causal one."""
         if self.draft_kind == "self":
@@ -406,7 +324,7 @@ class TorchBackend(Backend):
     def draft_step(self, ids, start: int, feat):
         if self.graphs is not None:
             return self.graphs.draft(ids, start, feat)
-        return self._feed(ids, *self._draft_rope(start, ids.shape[1]), start, feat)
+        return self.feed_forward(ids, *self._draft_rope(start, ids.shape[1]), start, feat)
 
     def _masked(self, logits: torch.Tensor, index0: int) -> torch.Tensor:
         """logits (n, V) choosing the tokens at sequence indices index0.. -> masked fp32."""
@@ -416,14 +334,6 @@ class TorchBackend(Backend):
     def _read(self, logits: torch.Tensor, readout: str, index0: int) -> np.ndarray:
         masked = self._masked(logits, index0)
         return self.read(readout, lambda: self.link.down(masked.argmax(-1)), lambda: self.link.down(masked))
-
-
-def _move(buf: torch.Tensor, dim: int, start: int, rows, device) -> None:
-    """buf's slices `rows` along `dim` -> start, start+1, .. (read first: the ranges may overlap)."""
-    rows = np.asarray(rows, np.int64)
-    if not len(rows) or np.array_equal(rows, np.arange(start, start + len(rows))):
-        return
-    move_rows(buf, dim, start, torch.as_tensor(rows, device=device))
 
 
 def check_image_tokens(ids, image_token_id: int, n_embeds: int) -> None:
@@ -486,79 +396,3 @@ def check_device(device: str) -> None:
                           f"(CUDA build: {torch.version.cuda or 'none'}); use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ConfigError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
-
-
-class StaticRunner:
-    """Static-shape runs of the backend's verify and draft-feed forwards (Target.forward and
-    Draft.forward themselves, `start` a (1,) device tensor): as they are (CPU, `static=True`,
-    what the tests compare with eager) or as CUDA graphs with static input/output buffers
-    (torch.cuda.graph; warm-up on a side stream first), every verify width, draft feed width and
-    the draft chain's step captured by `warm` when the backend is made. A cycle only replays
-    them; a width never captured (a long write of the reasoning rows) runs as it is. Rotary
-    tables of every text position are precomputed, so a replay only copies inputs."""
-
-    def __init__(self, be: TorchBackend, capture: bool):
-        self.be, self.capture, self.graphs, self.capturing = be, capture, {}, False
-        self.start_buf = torch.zeros(1, dtype=torch.long, device=be.device)
-        rows = torch.arange(be.max_len, device=be.device)[None]
-        self.text_cos, self.text_sin = be.target.rope(rows)        # (1, max_len, hd), pos = row
-        if be.draft_kind == "routine" and be.cfg.draft.rope == "flat":
-            self.draft_cos, self.draft_sin = be.draft_model.rope(rows)
-        else:
-            self.draft_cos, self.draft_sin = self.text_cos, self.text_sin
-
-    def target(self, ids, start: int):
-        w = ids.shape[1]
-        p = start + self.be.delta
-        args = (ids, self.text_cos[:, p:p + w], self.text_sin[:, p:p + w], self._start(start))
-        return self._run(("target", w), self.be._verify, args)
-
-    def draft(self, ids, start: int, feat):
-        w = ids.shape[1]
-        text = self.be.draft_kind == "self" or self.be.cfg.draft.rope == "mrope"
-        p = start + (self.be.delta if text else 0)
-        args = (ids, self.draft_cos[:, p:p + w], self.draft_sin[:, p:p + w], self._start(start))
-        if feat is not None:
-            args += (feat,)
-        return self._run(("draft", w, None if feat is None else feat.shape[-1]), self.be._feed, args)
-
-    def warm(self, widths: int) -> None:
-        """Capture now (CUDA) every verify and draft feed width 1..widths and the chain step,
-        through the backend's own calls on its empty cache (the first prefill overwrites the
-        rows they write)."""
-        if not self.capture:
-            return
-        self.capturing = True
-        try:
-            for w in range(1, widths + 1):
-                self.be.verify(np.zeros(w, np.int64), 0, "argmax")
-                if self.be.draft_kind != "none":
-                    self.be.draft(np.zeros(w, np.int64), 0, 2)      # feed of w, then one chain step
-        finally:
-            self.capturing = False
-
-    def _start(self, start: int) -> torch.Tensor:
-        """`start` as a (1,) device tensor, filled by a kernel (a host int is its argument: no copy)."""
-        self.start_buf.fill_(start)
-        return self.start_buf
-
-    def _run(self, key, fn, args):
-        if not self.capture or (key not in self.graphs and not self.capturing):
-            return fn(*args)
-        if key not in self.graphs:
-            static = tuple(a.clone() for a in args)
-            side = torch.cuda.Stream(self.be.device)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):      # warm-up: the same inputs, so its writes are the call's
-                fn(*static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the fallback expert may be running in its worker meanwhile
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = fn(*static)
-            self.graphs[key] = (graph, static, out)
-        graph, static, out = self.graphs[key]
-        for buf, a in zip(static, args):
-            buf.copy_(a)
-        graph.replay()
-        return out

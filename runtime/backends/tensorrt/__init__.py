@@ -12,7 +12,14 @@ By layer:
     engine.py       one engine: deserialized, its I/O tensors and dtypes, shapes and optimization
                     profiles, static buffers (Engine); the manifest checked against this runtime
     cuda_graphs.py  the CUDA graphs of one engine, one per verify width, captured at warm-up
-    backend.py      the Backend over the engines (TensorRTBackend) and `create(spec)`
+    buffers.py      device memory as typed sets: an engine's I/O buffers per role (`e.io.logits`),
+                    the KV caches and tables; byte sizes from the buffers' dtypes
+    backend.py      the Backend over the engines (TensorRTBackend) and `create(spec)`: device
+                    memory, prefill, the target step and the draft chain; beside it, the parts
+                    it is made of:
+    trees.py        token trees: step_tree passes, the draft's tree, the accepted rows moved
+    streaming.py    per-frame vision, the image_blocks engine and the streamed prefill
+    action.py       the action expert on its own stream
 
 Device memory, allocated once (cuda-python's `cudaMalloc`):
 

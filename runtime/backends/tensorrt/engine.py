@@ -16,6 +16,7 @@ import numpy as np
 
 from core.artifacts import EnginesMeta, Manifest
 from core.config import ConfigError, file_sha256
+from runtime.backends.tensorrt.buffers import io_set
 from runtime.backends.tensorrt.cuda import Cuda
 
 # fp32 graphs build at the profile's fp32 / fp16 / bf16
@@ -25,7 +26,8 @@ QUANTIZED = {"int8": "int8", "int8_sq": "int8", "fp8": "fp8"}
 class Engine:
     """One engine: an execution context per optimization profile (all on one stream), its I/O
     tensors with the dtypes TensorRT reports, and (`allocate`) static device buffers sized for the
-    largest shapes any profile allows."""
+    largest shapes any profile allows: `buf` by tensor name (what TensorRT binds), `io` the same
+    buffers as the graph's typed set (what the backend addresses)."""
 
     def __init__(self, trt, cuda: Cuda, runtime, file: Path, stream):
         self.name, self.cuda, self.stream = file.stem, cuda, stream
@@ -47,13 +49,19 @@ class Engine:
                 raise RuntimeError(f"{self.name}: cannot select optimization profile {p}")
             self.contexts.append(ctx)
         self.nbytes = self._largest()
-        self.buf = {}
+        self.buf, self.io = {}, None
 
-    def allocate(self, bound: dict) -> None:
+    def allocate(self, bound: dict, graph: str) -> None:
         """A device buffer per tensor, except those `bound` gives ({name: address}: the caches the
-        backend owns, sized from this engine's dtypes before they were allocated)."""
+        backend owns, sized from this engine's dtypes before they were allocated); `graph`: the
+        graph it was built from, whose role types `io`."""
         self.buf = {n: bound[n] if n in bound else self.cuda.malloc(self.nbytes[n])
                     for n in self.inputs + self.outputs}
+        self.io = io_set(graph, self.buf, self.dtype)
+
+    def largest(self, name: str) -> list[tuple]:
+        """Input `name`'s largest shape under each optimization profile."""
+        return [r[name][2] for r in self.ranges]
 
     def _largest(self) -> dict:
         """Bytes of every tensor at the largest shapes: each profile's max input shapes set, the

@@ -1,0 +1,83 @@
+"""Static-shape runs of the PyTorch backend's forwards: as they are (CPU, `static=True`) or as CUDA
+graphs captured when the backend is made (runtime/backends/torch.py says when each is used)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class StaticRunner:
+    """Static-shape runs of the backend's verify and draft-feed forwards (Target.forward and
+    Draft.forward themselves, `start` a (1,) device tensor): as they are (CPU, `static=True`,
+    what the tests compare with eager) or as CUDA graphs with static input/output buffers
+    (torch.cuda.graph; warm-up on a side stream first), every verify width, draft feed width and
+    the draft chain's step captured by `warm` when the backend is made. A cycle only replays
+    them; a width never captured (a long write of the reasoning rows) runs as it is. Rotary
+    tables of every text position are precomputed, so a replay only copies inputs. `be`: the
+    TorchBackend whose forwards (verify_forward, feed_forward) it runs."""
+
+    def __init__(self, be, capture: bool):
+        self.be, self.capture, self.graphs, self.capturing = be, capture, {}, False
+        self.start_buf = torch.zeros(1, dtype=torch.long, device=be.device)
+        rows = torch.arange(be.max_len, device=be.device)[None]
+        self.text_cos, self.text_sin = be.target.rope(rows)        # (1, max_len, hd), pos = row
+        if be.draft_kind == "routine" and be.cfg.draft.rope == "flat":
+            self.draft_cos, self.draft_sin = be.draft_model.rope(rows)
+        else:
+            self.draft_cos, self.draft_sin = self.text_cos, self.text_sin
+
+    def target(self, ids, start: int):
+        w = ids.shape[1]
+        p = start + self.be.delta
+        args = (ids, self.text_cos[:, p:p + w], self.text_sin[:, p:p + w], self._start(start))
+        return self._run(("target", w), self.be.verify_forward, args)
+
+    def draft(self, ids, start: int, feat):
+        w = ids.shape[1]
+        text = self.be.draft_kind == "self" or self.be.cfg.draft.rope == "mrope"
+        p = start + (self.be.delta if text else 0)
+        args = (ids, self.draft_cos[:, p:p + w], self.draft_sin[:, p:p + w], self._start(start))
+        if feat is not None:
+            args += (feat,)
+        return self._run(("draft", w, None if feat is None else feat.shape[-1]), self.be.feed_forward, args)
+
+    def warm(self, widths: int) -> None:
+        """Capture now (CUDA) every verify and draft feed width 1..widths and the chain step,
+        through the backend's own calls on its empty cache (the first prefill overwrites the
+        rows they write)."""
+        if not self.capture:
+            return
+        self.capturing = True
+        try:
+            for w in range(1, widths + 1):
+                self.be.verify(np.zeros(w, np.int64), 0, "argmax")
+                if self.be.draft_kind != "none":
+                    self.be.draft(np.zeros(w, np.int64), 0, 2)      # feed of w, then one chain step
+        finally:
+            self.capturing = False
+
+    def _start(self, start: int) -> torch.Tensor:
+        """`start` as a (1,) device tensor, filled by a kernel (a host int is its argument: no copy)."""
+        self.start_buf.fill_(start)
+        return self.start_buf
+
+    def _run(self, key, fn, args):
+        if not self.capture or (key not in self.graphs and not self.capturing):
+            return fn(*args)
+        if key not in self.graphs:
+            static = tuple(a.clone() for a in args)
+            side = torch.cuda.Stream(self.be.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):      # warm-up: the same inputs, so its writes are the call's
+                fn(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the fallback expert may be running in its worker meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = fn(*static)
+            self.graphs[key] = (graph, static, out)
+        graph, static, out = self.graphs[key]
+        for buf, a in zip(static, args):
+            buf.copy_(a)
+        graph.replay()
+        return out
