@@ -450,6 +450,7 @@ def test_planner_configs_change_only_through_with_overrides():
             for line, code in planner_config_edits(ast.parse(text, str(f)))]
     assert not hits, "planner configs changed around runtime.config.with_overrides:\n" + "\n".join(hits)
 
+
 # --- runtime files a reader can hold; the TensorRT backend's buffers are typed -------------------
 RUNTIME_MAX_LINES = 450
 TENSORRT = ROOT / "runtime" / "backends" / "tensorrt"
