@@ -3,10 +3,10 @@ target / draft / expert / planner, an exported "engines" folder, a TensorRT-LLM 
 engines folder's manifest.json, each parsed into frozen dataclasses where it is read. A missing or
 malformed field is a ConfigError naming the file and the field; nothing downstream reads a key.
 
-Each card's JSON is declared here only: a writer builds the card (`Card.new(...)`, from typed
-values) and calls its `write(folder)`; a reader parses the same card (`from_dict`, `read_*`), and
-`to_dict()` gives its JSON back. The facts hash (`facts_sha256`) covers an exported meta.json so a loader names the one field edited by
-hand. Standard library and numpy only: models/, export/, engines/, calibration/ and runtime/ all
+Each card's JSON is declared here only: a writer builds the card (`new`, from typed values) and
+calls its `write(folder)`; a reader parses the same card (`from_dict`, `read_*`); `to_dict()` gives
+its JSON back. The facts hash (`facts_sha256`) covers an exported meta.json so a loader names the
+one field edited by hand. Standard library and numpy only: models/, export/, engines/, calibration/ and runtime/ all
 read artifacts here.
 """
 from __future__ import annotations
@@ -112,8 +112,7 @@ class Graph(Card):
     @classmethod
     def new(cls, file: str, sha256: str, inputs: tuple, outputs: tuple) -> Graph:
         """An exported graph's entry: its file, hash and TensorSpecs (fp32, not quantized)."""
-        specs = lambda ts: [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in ts]  # noqa: E731
-        raw = {"file": file, "sha256": sha256, "inputs": specs(inputs), "outputs": specs(outputs)}
+        raw = {"file": file, "sha256": sha256, "inputs": _specs(inputs), "outputs": _specs(outputs)}
         return cls(file, sha256, tuple(inputs), tuple(outputs), raw=raw)
 
     def dims(self, name: str, side: str = "inputs") -> list | None:
@@ -191,16 +190,17 @@ class ExportSource:
     models: dict                    # {kind: {"folder": str, "modules": {module: sha256}}}
 
     @classmethod
-    def from_dict(cls, source, where: str) -> ExportSource | None:
-        """meta.json's source (informational: outside the facts hash); None when it is not one."""
+    def from_dict(cls, source) -> ExportSource | None:
+        """meta.json's source; None when it is not one (it is informational, outside the facts
+        hash: an edit there must not refuse the folder, only its stamp)."""
         if not isinstance(source, dict) or not isinstance(source.get("checkpoint"), str):
             return None
-        f = Table(source, where, "source.")
-        for kind, model in f("models", dict, {}).items():
-            m = Table(model, where, f"source.models.{kind}.")
-            m("folder", str)
-            m("modules", dict)
-        return cls(source["checkpoint"], f("models", dict, {}))
+        models = source.get("models", {})
+        if not isinstance(models, dict) or not all(
+                isinstance(m, dict) and isinstance(m.get("folder"), str) and isinstance(m.get("modules"), dict)
+                for m in models.values()):
+            return None
+        return cls(source["checkpoint"], models)
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,7 @@ class EnginesMeta(Card):
                    graphs=graphs, fp32_graphs=_graphs(fp32, Path(folder), where, features) if fp32 else None,
                    draft_vocab=DraftVocab.from_dict(f("draft_vocab", dict, {}), where),
                    calibration_sha256=f("calibration_sha256", (str, list), None),
-                   source=ExportSource.from_dict(meta.get("source"), where), raw=meta)
+                   source=ExportSource.from_dict(meta.get("source")), raw=meta)
         _check_declared_shapes(where, card)
         return card
 
@@ -315,6 +315,11 @@ def _graphs(table, folder: Path, where: str, features: str, check_set: bool = Fa
                                                     for side in ("inputs", "outputs")),
                           precision=f("precision", str, "fp32"), quantization=f("quantization", dict, None), raw=g)
     return out
+
+
+def _specs(tensors) -> list:
+    """TensorSpecs as meta.json lists them (the inverse of _tensors)."""
+    return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in tensors]
 
 
 def _tensors(specs: list, where: str, prefix: str) -> tuple:
@@ -551,7 +556,8 @@ class TrtllmMeta(Card):
 
     @classmethod
     def new(cls, folder, role: str, files: dict, release: str, source: str | None = None, source_sha256=None,
-            calibration: dict | None = None, cannot_build_at_release=(), draft_vocab: tuple | None = None) -> TrtllmMeta:
+            calibration: dict | None = None, cannot_build_at_release=(),
+            draft_vocab: tuple | None = None) -> TrtllmMeta:
         """The card of a checkpoint written to FOLDER; draft_vocab (n, d2t sha256) for a reduced draft
         head, whose lm_head rows outside d2t the writer zeroes."""
         meta = {"format": TRTLLM_FORMAT, "trtllm_release": release, "role": role, "source": source,

@@ -143,7 +143,8 @@ def write_manifest(profile, checkpoint, out: Path, meta: EnginesMeta, steps: dic
     card = Manifest.new(
         out, profile=profile.name, built=built, steps=steps, device=profile.device, target_sm=profile.target_sm,
         platform=profile.platform, tensorrt_range=[profile.tensorrt_min, profile.tensorrt_below],
-        planner=profile.planner, checkpoint=str(checkpoint), shapes={**to_dict(s), "verify_widths": list(s.verify_widths)},
+        planner=profile.planner, checkpoint=str(checkpoint),
+        shapes={**to_dict(s), "verify_widths": list(s.verify_widths)},
         precision=dict(profile.precision.items()), int4_awq=profile.int4_awq, calibration=calibrated,
         graphs=meta.graphs, onnx_meta_sha256=file_sha256(out / META), tools=tool_versions(),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), install=install, engines=engines, trtllm=trtllm)

@@ -407,10 +407,10 @@ def _meta(out, checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, sha
     for kind, folder in {**models, "draft": draft_dir}.items():
         m = io.read_meta(folder)
         sources[kind] = {"folder": str(folder), "modules": {k: v.sha256 for k, v in m.modules.items()}}
-    t, e = mcfg.target, mcfg.expert
+    t, e, fused = mcfg.target, mcfg.expert, mcfg.draft.features == "fused"
     return EnginesMeta.new(
         out, max_len=cfg.max_len, k_max=cfg.k_max, draft=name, draft_features=mcfg.draft.features,
-        draft_rope=mcfg.draft.rope, feature_layers=list(mcfg.draft.feature_layers) if mcfg.draft.features == "fused" else [],
+        draft_rope=mcfg.draft.rope, feature_layers=list(mcfg.draft.feature_layers) if fused else [],
         tokenizer_sha256=tok.fingerprint,
         prompt=PromptShapes(cfg.cameras, cfg.frames, tuple(cfg.image_hw), shapes["grid"], shapes["image_tokens"]),
         vision=VisionDims(t.vision.patch, t.vision.temporal_patch, t.vision.merge),

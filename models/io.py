@@ -78,8 +78,8 @@ def save(path, modules: Mapping, config, meta: Mapping) -> Path:
         entries[name] = _write_module(path, name, state, config)
     made = {"versions": _versions(), "created_by": " ".join(sys.argv),
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    CheckpointMeta.new(path, kind, type(config).__name__, to_dict(config), dtypes.pop() if len(dtypes) == 1 else "mixed",
-                       entries, {**made, **meta}).write(path)
+    dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
+    CheckpointMeta.new(path, kind, type(config).__name__, to_dict(config), dtype, entries, {**made, **meta}).write(path)
     return path
 
 
