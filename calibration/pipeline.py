@@ -9,7 +9,6 @@ After it, `specdrive plan --engines FOLDER --backend onnxruntime` runs the quant
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from calibration.record import record
@@ -40,7 +39,7 @@ def calibrate_folder(folder: Path, meta: EnginesMeta, plan: dict, planner, promp
                              method=method, threads=threads, progress=progress)
     files = write_report(report, folder / "report")
     deployed = select(meta, entries)
-    (folder / "meta.json").write_text(json.dumps(deployed.to_dict(), indent=2) + "\n")
+    deployed.write(folder)
     return {"calibration_sha256": calib.sha256, "calibration_scenes": calib.scenes,
             "graphs": {g: e["precision"] for g, e in entries.items()},
             "files": {g: e["file"] for g, e in entries.items()},

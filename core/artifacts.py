@@ -3,14 +3,16 @@ target / draft / expert / planner, an exported "engines" folder, a TensorRT-LLM 
 engines folder's manifest.json, each parsed into frozen dataclasses where it is read. A missing or
 malformed field is a ConfigError naming the file and the field; nothing downstream reads a key.
 
-Writers still write JSON dicts (the file format); `to_dict()` gives a parsed card's JSON back. The
-facts hash (`facts_sha256`) covers an exported meta.json so a loader names the one field edited by
-hand. Standard library and numpy only: models/, export/, engines/, calibration/ and runtime/ all
+Each card's JSON is declared here only: a writer builds the card (`new`, from typed values) and
+calls its `write(folder)`; a reader parses the same card (`from_dict`, `read_*`); `to_dict()` gives
+its JSON back. The facts hash (`facts_sha256`) covers an exported meta.json so a loader names the
+one field edited by hand. Standard library and numpy only: models/, export/, engines/, calibration/ and runtime/ all
 read artifacts here.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -31,6 +33,9 @@ ONNX_VERSION = 1                        # export/onnx.py writes it, the graph ba
 OPSET = 18
 MANIFEST_FORMAT = "specdrive-engines-manifest"
 TRTLLM_FORMAT = "specdrive-trtllm-checkpoint"
+VERIFY_WIDTHS = "dynamic width axis T: one step graph serves prefill rows and widths 1..k_max+1"
+ACTION_LOOP = "host: one action_velocity call per Euler step, then action_output"
+TARGET_ONLY = ("vocab_size", "image_token_id", "image_attention")     # LlmDims fields a draft's meta.json omits
 _MISSING = object()
 
 
@@ -70,12 +75,19 @@ class Table:
 
 
 class Card:
-    """A parsed JSON table; `raw` is the JSON it was parsed from."""
+    """A parsed JSON table; `raw` is the JSON it was parsed from. FILE: the file it is written as."""
     raw: dict
+    FILE = META
 
     def to_dict(self) -> dict:
         """The JSON this was parsed from (a copy): what a writer edits and writes back."""
         return copy.deepcopy(self.raw)
+
+    def write(self, folder) -> Path:
+        """FOLDER/FILE: this card's JSON, keys sorted, indented 2 (the bytes every writer writes)."""
+        file = Path(folder) / self.FILE
+        file.write_text(json.dumps(self.raw, indent=2, sort_keys=True) + "\n")
+        return file
 
 
 # --- exported graphs: meta.json kind "engines" ------------------------------------------------------
@@ -96,6 +108,12 @@ class Graph(Card):
     precision: str = "fp32"
     quantization: dict | None = None        # calibration's record of a quantized graph
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def new(cls, file: str, sha256: str, inputs: tuple, outputs: tuple) -> Graph:
+        """An exported graph's entry: its file, hash and TensorSpecs (fp32, not quantized)."""
+        raw = {"file": file, "sha256": sha256, "inputs": _specs(inputs), "outputs": _specs(outputs)}
+        return cls(file, sha256, tuple(inputs), tuple(outputs), raw=raw)
 
     def dims(self, name: str, side: str = "inputs") -> list | None:
         """The declared shape of an input (or output) by name; None when there is none."""
@@ -161,6 +179,29 @@ class DraftVocab:
                               f"of n ids; found map {dv.get('map')!r}, n {dv.get('n')!r}")
         return cls(dv["n"], dv["map"], tuple(dv["d2t"]), dv.get("d2t_sha256"))
 
+    def to_dict(self) -> dict:
+        return {"n": self.n, "map": self.map, "d2t": list(self.d2t), "d2t_sha256": self.d2t_sha256}
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """Where an export came from: the checkpoint folder and each model's module hashes at export."""
+    checkpoint: str
+    models: dict                    # {kind: {"folder": str, "modules": {module: sha256}}}
+
+    @classmethod
+    def from_dict(cls, source) -> ExportSource | None:
+        """meta.json's source; None when it is not one (it is informational, outside the facts
+        hash: an edit there must not refuse the folder, only its stamp)."""
+        if not isinstance(source, dict) or not isinstance(source.get("checkpoint"), str):
+            return None
+        models = source.get("models", {})
+        if not isinstance(models, dict) or not all(
+                isinstance(m, dict) and isinstance(m.get("folder"), str) and isinstance(m.get("modules"), dict)
+                for m in models.values()):
+            return None
+        return cls(source["checkpoint"], models)
+
 
 @dataclass(frozen=True)
 class EnginesMeta(Card):
@@ -183,8 +224,29 @@ class EnginesMeta(Card):
     fp32_graphs: dict | None        # {name: Graph}: the reference graphs, where calibration switched
     draft_vocab: DraftVocab | None
     calibration_sha256: str | list | None = None    # the calibration set(s) of its quantized graphs
+    source: ExportSource | None = None
     kind: str = "engines"
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def new(cls, folder, *, max_len: int, k_max: int, draft: str, draft_features: str, draft_rope: str,
+            feature_layers: list, tokenizer_sha256: str, prompt: PromptShapes, vision: VisionDims, target: LlmDims,
+            draft_llm: LlmDims, action: ActionShapes, graphs: dict, draft_vocab: DraftVocab | None,
+            source: ExportSource, model_config: dict, torch: str, created_at: str) -> EnginesMeta:
+        """The card of a fresh export into FOLDER (fp32 graphs {name: Graph} run by onnxruntime),
+        its facts stamped; model_config the models' config as exported, torch the exporter's version."""
+        meta = {"format": ONNX_FORMAT, "format_version": ONNX_VERSION, "kind": "engines", "backend": "onnxruntime",
+                "created_at": created_at, "torch": torch, "opset": OPSET, "precision": {"*": "fp32"},
+                "max_len": max_len, "k_max": k_max, "verify_widths": VERIFY_WIDTHS, "draft": draft,
+                "draft_features": draft_features, "draft_rope": draft_rope, "feature_layers": list(feature_layers),
+                "source": {"checkpoint": source.checkpoint, "models": source.models},
+                "tokenizer_sha256": tokenizer_sha256, "prompt": _plain(prompt), "vision": _plain(vision),
+                "target": _plain(target),
+                "draft_llm": {k: v for k, v in _plain(draft_llm).items() if k not in TARGET_ONLY},
+                "action": {"loop": ACTION_LOOP, **_plain(action)}, "model_config": model_config,
+                "graphs": {name: g.to_dict() for name, g in graphs.items()},
+                "draft_vocab": draft_vocab.to_dict() if draft_vocab else {}}
+        return cls.from_dict(stamp_facts(meta), folder)
 
     @classmethod
     def from_dict(cls, meta: dict, folder) -> EnginesMeta:
@@ -218,7 +280,8 @@ class EnginesMeta(Card):
                    action=_action(f.table("action")),
                    graphs=graphs, fp32_graphs=_graphs(fp32, Path(folder), where, features) if fp32 else None,
                    draft_vocab=DraftVocab.from_dict(f("draft_vocab", dict, {}), where),
-                   calibration_sha256=f("calibration_sha256", (str, list), None), raw=meta)
+                   calibration_sha256=f("calibration_sha256", (str, list), None),
+                   source=ExportSource.from_dict(meta.get("source")), raw=meta)
         _check_declared_shapes(where, card)
         return card
 
@@ -252,6 +315,11 @@ def _graphs(table, folder: Path, where: str, features: str, check_set: bool = Fa
                                                     for side in ("inputs", "outputs")),
                           precision=f("precision", str, "fp32"), quantization=f("quantization", dict, None), raw=g)
     return out
+
+
+def _specs(tensors) -> list:
+    """TensorSpecs as meta.json lists them (the inverse of _tensors)."""
+    return [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in tensors]
 
 
 def _tensors(specs: list, where: str, prefix: str) -> tuple:
@@ -351,6 +419,11 @@ class ModuleFile:
     bytes: int | None
     tensors: dict                   # {name: TensorSpec}
 
+    def to_dict(self) -> dict:
+        """meta.json's entry of the module."""
+        return {"file": self.file, "sha256": self.sha256, "bytes": self.bytes,
+                "tensors": {k: {"shape": list(t.shape), "dtype": t.dtype} for k, t in self.tensors.items()}}
+
 
 @dataclass(frozen=True)
 class CheckpointMeta(Card):
@@ -367,6 +440,16 @@ class CheckpointMeta(Card):
     tokenizer_sha256: str | None
     extra: dict                     # what the writer added (source, stage, versions, created_by, ...)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def new(cls, folder, kind: str, config_class: str, config: dict, dtype: str, modules: dict,
+            extra: dict) -> CheckpointMeta:
+        """The card of a checkpoint saved to FOLDER: modules {name: ModuleFile}; extra the writer's
+        own fields (versions, created_by, created_at, source, stage, variant, ...)."""
+        meta = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION, "kind": kind,
+                "config_class": config_class, "config": config, "dtype": dtype,
+                "modules": {name: m.to_dict() for name, m in modules.items()}, **extra}
+        return cls.from_dict(meta, folder)
 
     @classmethod
     def from_dict(cls, meta: dict, folder) -> CheckpointMeta:
@@ -472,6 +555,20 @@ class TrtllmMeta(Card):
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
+    def new(cls, folder, role: str, files: dict, release: str, source: str | None = None, source_sha256=None,
+            calibration: dict | None = None, cannot_build_at_release=(),
+            draft_vocab: tuple | None = None) -> TrtllmMeta:
+        """The card of a checkpoint written to FOLDER; draft_vocab (n, d2t sha256) for a reduced draft
+        head, whose lm_head rows outside d2t the writer zeroes."""
+        meta = {"format": TRTLLM_FORMAT, "trtllm_release": release, "role": role, "source": source,
+                "source_sha256": dict(source_sha256 or {}), "calibration": calibration,
+                "cannot_build_at_release": list(cannot_build_at_release), "files": files}
+        if draft_vocab is not None:
+            meta["draft_vocab"] = {"n": draft_vocab[0], "d2t_sha256": draft_vocab[1], "off_head":
+                                   "lm_head rows outside d2t are zero; the runtime bans them as bad words"}
+        return cls.from_dict(meta, folder)
+
+    @classmethod
     def from_dict(cls, meta: dict, folder) -> TrtllmMeta:
         f = Table.of_format(meta, f"{folder}/{META}", TRTLLM_FORMAT)
         return cls(f("role", str), f("files", dict), f("source", str, None), f("source_sha256", dict, {}),
@@ -538,6 +635,30 @@ class Manifest(Card):
     needs: dict
     tools: dict                     # {package: version} of the build machine
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+    FILE = MANIFEST
+
+    @classmethod
+    def new(cls, folder, *, profile: str, built: bool, steps: dict, device: str, target_sm: int | None,
+            platform: str, tensorrt_range: list, planner: str | None, checkpoint: str, shapes: dict,
+            precision: dict, int4_awq: bool, calibration: dict, graphs: dict, onnx_meta_sha256: str, tools: dict,
+            created_at: str, install: str = "", engines: dict | None = None, trtllm: dict | None = None) -> Manifest:
+        """The card of a build into FOLDER: graphs {graph: Graph or FileHash} it was built from,
+        engines {graph: EngineFile} where built (else `needs` says TensorRT and how to `install` it),
+        trtllm the TensorRT-LLM checkpoints' entry where written."""
+        m = {"format": MANIFEST_FORMAT, "format_version": 1, "profile": profile, "built": built, "steps": steps,
+             "device": device, "target_sm": target_sm, "platform": platform, "tensorrt_range": list(tensorrt_range),
+             "planner": planner, "checkpoint": checkpoint, "shapes": shapes, "precision": precision,
+             "int4_awq": int4_awq, "calibration": calibration,
+             "graphs": {n: {"file": g.file, "sha256": g.sha256} for n, g in graphs.items()},
+             "onnx_meta_sha256": onnx_meta_sha256, "tools": tools, "created_at": created_at}
+        if not built:
+            m["needs"] = {"step": "build", "what": "TensorRT (the `tensorrt` Python package or trtexec)",
+                          "install": install}
+        if engines:
+            m["engines"] = {g: _plain(e) for g, e in engines.items()}
+        if trtllm:
+            m["trtllm"] = trtllm
+        return cls.from_dict(m, folder)
 
     @classmethod
     def from_dict(cls, m: dict, folder) -> Manifest:
@@ -565,6 +686,11 @@ class Manifest(Card):
                    f("int4_awq", bool, False), graphs, f("onnx_meta_sha256", str, None), engines, trtllm,
                    f("calibration", dict, {}), f("steps", dict, {}), f("needs", dict, {}), f("tools", dict, {}),
                    raw=m)
+
+
+def _plain(entry) -> dict:
+    """A typed entry (a dataclass such as EngineFile) or a table, as its JSON table (tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(entry) if dataclasses.is_dataclass(entry) else entry))
 
 
 def read_manifest(folder, backend: str | None = None) -> Manifest:

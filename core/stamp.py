@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.artifacts import folder_fingerprint
-from core.config import ConfigError, read_json
+from core.artifacts import META, CheckpointMeta, folder_fingerprint, read_engines_meta, read_meta
+from core.config import ConfigError
 
 SHIPPED = Path("checkpoints/tiny")      # the checkpoint the published tables are measured on
 
@@ -84,22 +84,35 @@ def engines_stamp(engines, command: str | None = None, **extra) -> dict:
 def engines_checkpoint(engines) -> tuple[Path | None, str | None]:
     """(the checkpoint folder an exported engines folder was made from, None) when every module
     sha256 its meta.json `source` recorded is still that folder's; else (None, why not)."""
-    where = Path(engines) / "meta.json"
-    meta = read_json(where, "engines meta.json")
-    source = meta.get("source") if isinstance(meta, dict) else None
-    if not isinstance(source, dict) or not isinstance(source.get("checkpoint"), str):
+    where = Path(engines) / META
+    try:
+        source = read_engines_meta(engines).source
+    except ConfigError as e:
+        return None, f"{where}: not an export this code reads ({e})"
+    if source is None:
         return None, f"{where}: no source.checkpoint (re-export the folder: `specdrive export onnx`)"
-    for kind, model in (source.get("models") or {}).items():
+    for kind, model in source.models.items():
         folder = Path(model["folder"])
-        if not (folder / "meta.json").is_file():
+        if not (folder / META).is_file():
             return None, f"{where}: its {kind} came from {folder}, which has no meta.json now"
-        now = read_json(folder / "meta.json", f"{kind} meta.json")
-        for name, sha in model.get("modules", {}).items():
-            have = ((now.get("modules") or {}).get(name) or {}).get("sha256")
+        now = _module_hashes(folder)
+        if now is None:
+            return None, f"{where}: its {kind} came from {folder}, whose meta.json is no checkpoint's now"
+        for name, sha in model["modules"].items():
+            have = now.get(name)
             if have != sha:
                 return None, (f"{where}: its {kind} module {name!r} was exported from sha256 {sha[:12]}, but "
                               f"{folder} now holds {str(have)[:12]}: the graphs are of another checkpoint")
-    return Path(source["checkpoint"]), None
+    return Path(source.checkpoint), None
+
+
+def _module_hashes(folder: Path) -> dict | None:
+    """{module: sha256} of a checkpoint folder (its card); None when it holds no checkpoint."""
+    try:
+        meta = read_meta(folder)
+    except ConfigError:
+        return None
+    return {n: m.sha256 for n, m in meta.modules.items()} if isinstance(meta, CheckpointMeta) else None
 
 
 # --- the markers a rendered table sits between, in README.md and docs/*.md -----------------------

@@ -13,7 +13,6 @@ Engines are built on the device they run on.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import platform
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 from engines.profile import EngineProfile
 from engines.trtllm import write_trtllm
 from export.onnx import ExportConfig, export_onnx
-from core.artifacts import MANIFEST_FORMAT, EnginesMeta, Graph, TensorSpec, read_engines_meta
+from core.artifacts import META, EngineFile, EnginesMeta, Graph, Manifest, TensorSpec, read_engines_meta
 from core.config import ConfigError, file_sha256, to_dict
 from core.graphs import DRAFT_PREFILL, IMAGE_BLOCKS, PREFILL, STEP_TREE, TARGET_LLM_GRAPHS
 
@@ -139,28 +138,18 @@ def device_family(profile: EngineProfile) -> str:
 
 def write_manifest(profile, checkpoint, out: Path, meta: EnginesMeta, steps: dict, calibrated: dict, built: bool,
                    install: str = "", engines: dict | None = None, trtllm: dict | None = None) -> dict:
+    """OUT/manifest.json of this build (engines {graph: EngineFile} where built) -> its JSON."""
     s = profile.shapes
-    manifest = {
-        "format": MANIFEST_FORMAT, "format_version": 1, "profile": profile.name, "built": built, "steps": steps,
-        "device": profile.device, "target_sm": profile.target_sm, "platform": profile.platform,
-        "tensorrt_range": [profile.tensorrt_min, profile.tensorrt_below],
-        "planner": profile.planner, "checkpoint": str(checkpoint),
-        "shapes": {**to_dict(s), "verify_widths": list(s.verify_widths)},
-        "precision": dict(profile.precision.items()), "int4_awq": profile.int4_awq,
-        "calibration": calibrated,
-        "graphs": {n: {"file": g.file, "sha256": g.sha256} for n, g in meta.graphs.items()},
-        "onnx_meta_sha256": file_sha256(out / "meta.json"),
-        "tools": tool_versions(), "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if not built:
-        manifest["needs"] = {"step": "build", "what": "TensorRT (the `tensorrt` Python package or trtexec)",
-                             "install": install}
-    if engines:
-        manifest["engines"] = engines
-    if trtllm:
-        manifest["trtllm"] = trtllm
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return manifest
+    card = Manifest.new(
+        out, profile=profile.name, built=built, steps=steps, device=profile.device, target_sm=profile.target_sm,
+        platform=profile.platform, tensorrt_range=[profile.tensorrt_min, profile.tensorrt_below],
+        planner=profile.planner, checkpoint=str(checkpoint),
+        shapes={**to_dict(s), "verify_widths": list(s.verify_widths)},
+        precision=dict(profile.precision.items()), int4_awq=profile.int4_awq, calibration=calibrated,
+        graphs=meta.graphs, onnx_meta_sha256=file_sha256(out / META), tools=tool_versions(),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), install=install, engines=engines, trtllm=trtllm)
+    card.write(out)
+    return card.to_dict()
 
 
 def tool_versions() -> dict:
@@ -199,7 +188,7 @@ def _shape(spec: TensorSpec, axes: dict, which: int) -> tuple:
 
 
 def build_engines(profile: EngineProfile, out: Path, meta: EnginesMeta, trt, trtexec, progress) -> dict:
-    """UNTESTED here. One engine per graph -> {graph: {file, sha256, tensorrt}}."""
+    """UNTESTED here. One engine per graph -> {graph: EngineFile}."""
     (out / "trt").mkdir(exist_ok=True)
     engines = {}
     for graph, g in meta.graphs.items():
@@ -213,7 +202,7 @@ def build_engines(profile: EngineProfile, out: Path, meta: EnginesMeta, trt, trt
             subprocess.run(_trtexec_command(trtexec, out / g.file, dst, g, prec,
                                             dim_ranges(profile, graph)[0]), check=True)
             version = "trtexec"
-        engines[graph] = {"file": f"trt/{dst.name}", "sha256": file_sha256(dst), "tensorrt": version}
+        engines[graph] = EngineFile(f"trt/{dst.name}", file_sha256(dst), version)
         progress(f"[3/3] build: {graph} ({prec}) -> {dst} ({time.perf_counter() - t0:.0f} s)")
     return engines
 

@@ -46,7 +46,7 @@ from models import io
 from models.draft import Draft
 from models.hf import check_causal
 from models.names import check_names
-from core.artifacts import TRTLLM_FORMAT as FORMAT, TrtllmMeta
+from core.artifacts import TrtllmMeta
 from core.config import ConfigError, file_sha256, read_json
 from prompt.draft_vocab import d2t_sha256
 
@@ -204,15 +204,17 @@ def expected_shapes(config: dict) -> dict:
 
 # --- files ----------------------------------------------------------------------------------------
 
-def write_checkpoint(folder: Path, config: dict, weights: dict, meta: dict) -> Path:
+def write_checkpoint(folder: Path, config: dict, weights: dict, **meta) -> TrtllmMeta:
+    """config.json, rank0.safetensors and their card (meta: TrtllmMeta.new's arguments but the
+    files and the release) -> the card written."""
     folder.mkdir(parents=True, exist_ok=True)
     check_names(expected_shapes(config), weights, f"TensorRT-LLM checkpoint {folder}")
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     safetensors.torch.save_file(weights, str(folder / "rank0.safetensors"))
-    meta = {"format": FORMAT, "trtllm_release": TRTLLM_RELEASE, **meta,
-            "files": {f: file_sha256(folder / f) for f in ("config.json", "rank0.safetensors")}}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return folder
+    files = {f: file_sha256(folder / f) for f in ("config.json", "rank0.safetensors")}
+    card = TrtllmMeta.new(folder, files=files, release=TRTLLM_RELEASE, **meta)
+    card.write(folder)
+    return card
 
 
 def read_checkpoint(folder: Path) -> tuple[dict, dict, TrtllmMeta]:
@@ -375,14 +377,11 @@ def write_trtllm(profile, checkpoint: Path, out: Path, planner, progress=print) 
         config = trtllm_config(llm, role, dtype, profile.shapes.max_len, fp8[role])
         weights = to_trtllm({k: v.detach() for k, v in state.items()}, llm, dtype, amax[role])
         blockers = limits(cfg, role)
-        meta = {"role": role, "source": str(sources[role]),
-                "source_sha256": {m: e.sha256 for m, e in io.read_meta(sources[role]).modules.items()},
-                "calibration": calib if fp8[role] else None, "cannot_build_at_release": blockers}
-        if role == "draft" and draft.cfg.vocab:
-            d2t = draft.d2t.cpu().numpy()
-            meta |= {"draft_vocab": {"n": int(draft.cfg.vocab), "d2t_sha256": d2t_sha256(d2t), "off_head":
-                                     "lm_head rows outside d2t are zero; the runtime bans them as bad words"}}
-        write_checkpoint(out / role, config, weights, meta)
+        reduced = role == "draft" and draft.cfg.vocab
+        write_checkpoint(out / role, config, weights, role=role, source=str(sources[role]),
+                         source_sha256={m: e.sha256 for m, e in io.read_meta(sources[role]).modules.items()},
+                         calibration=calib if fp8[role] else None, cannot_build_at_release=blockers,
+                         draft_vocab=(int(draft.cfg.vocab), d2t_sha256(draft.d2t.cpu().numpy())) if reduced else None)
         entry["checkpoints"][role] = {"dir": f"trtllm/{role}", "quant_algo": config["quantization"]["quant_algo"],
                                       "architecture": config["architecture"],
                                       "cannot_build_at_release": blockers}

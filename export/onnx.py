@@ -53,7 +53,8 @@ from core.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
 from core.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS,
                            IMAGE_BLOCKS, PREFILL, SHAPES, STEP, STEP_TREE, VISION, VISION_FRAME, graph_io as declared_io)
-from core.artifacts import ONNX_FORMAT as FORMAT, ONNX_VERSION as FORMAT_VERSION, OPSET, EnginesMeta, stamp_facts
+from core.artifacts import OPSET, ActionShapes, DraftVocab, EnginesMeta, ExportSource, Graph, LlmDims, PromptShapes, \
+    TensorSpec, VisionDims
 from prompt.pixels import images_to_patches
 
 DRAFT_MAPS = ("graph", "host")
@@ -233,10 +234,10 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
         graphs[gname] = _export(module.eval(), args, names, dyn, out / f"{gname}.onnx", rope)
         progress(f"exported {gname}.onnx ({time.perf_counter() - t0:.1f} s)")
     shutil.copy(Path(checkpoint) / "tokenizer.json", out / "tokenizer.json")
-    meta = _meta(checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok)
-    meta = stamp_facts({**meta, "draft_vocab": draft_vocab_meta(dmodel, cfg.draft_map)})
-    (out / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return EnginesMeta.from_dict(meta, out)
+    meta = _meta(out, checkpoint, models, drafts[name], name, mcfg, cfg, shapes, graphs, tok,
+                 draft_vocab_card(dmodel, cfg.draft_map))
+    meta.write(out)
+    return meta
 
 
 def _shapes(mcfg, cfg: ExportConfig, tok) -> dict:
@@ -361,7 +362,7 @@ def _export(module, args, names, dynamic, path: Path, rope: dict | None = None) 
         entry = model.metadata_props.add()
         entry.key, entry.value = ROPE_KEY, json.dumps(rope, sort_keys=True)
         onnx.save(model, str(path))
-    return {"file": path.name, "sha256": file_sha256(path), **graph_io(path)}
+    return Graph.new(path.name, file_sha256(path), *graph_io(path))
 
 
 @contextlib.contextmanager
@@ -376,8 +377,8 @@ def _quiet(*loggers):
             lg.setLevel(level)
 
 
-def graph_io(path: Path) -> dict:
-    """Inputs and outputs of an ONNX file: name, shape (ints or axis names) and element type."""
+def graph_io(path: Path) -> tuple[tuple, tuple]:
+    """(inputs, outputs) of an ONNX file: TensorSpecs of name, shape (ints or axis names) and element type."""
     import onnx
     from onnx import helper
 
@@ -386,44 +387,43 @@ def graph_io(path: Path) -> dict:
     def spec(v):
         t = v.type.tensor_type
         shape = [d.dim_param or d.dim_value for d in t.shape.dim]
-        return {"name": v.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(t.elem_type).name}
-    return {"inputs": [spec(v) for v in g.input], "outputs": [spec(v) for v in g.output]}
+        return TensorSpec(v.name, tuple(shape), helper.tensor_dtype_to_np_dtype(t.elem_type).name)
+    return tuple(spec(v) for v in g.input), tuple(spec(v) for v in g.output)
 
 
-def draft_vocab_meta(draft: Draft, draft_map: str) -> dict:
-    """meta.json's draft_vocab: {} for a full head; else N, the map, its hash and where it is
+def draft_vocab_card(draft: Draft, draft_map: str) -> DraftVocab | None:
+    """meta.json's draft_vocab: None for a full head; else N, the map, its hash and where it is
     applied ("graph": inside the draft graphs; "host": by the backend)."""
     if not draft.cfg.vocab:
-        return {}
+        return None
     d2t = draft.d2t.cpu().numpy()
-    return {"n": int(draft.cfg.vocab), "map": draft_map, "d2t": d2t.tolist(), "d2t_sha256": d2t_sha256(d2t)}
+    return DraftVocab(int(draft.cfg.vocab), draft_map, tuple(d2t.tolist()), d2t_sha256(d2t))
 
 
-def _meta(checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, shapes, graphs, tok) -> dict:
+def _meta(out, checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, shapes, graphs, tok,
+          draft_vocab: DraftVocab | None) -> EnginesMeta:
+    """The export's card: the facts of its models and shapes, where each model came from."""
     sources = {}
     for kind, folder in {**models, "draft": draft_dir}.items():
         m = io.read_meta(folder)
         sources[kind] = {"folder": str(folder), "modules": {k: v.sha256 for k, v in m.modules.items()}}
-    t, d = mcfg.target, mcfg.draft_llm()
-    return {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "kind": "engines", "backend": "onnxruntime",
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__, "opset": OPSET,
-        "precision": {"*": "fp32"}, "max_len": cfg.max_len, "k_max": cfg.k_max,
-        "verify_widths": "dynamic width axis T: one step graph serves prefill rows and widths 1..k_max+1",
-        "draft": name, "draft_features": mcfg.draft.features, "draft_rope": mcfg.draft.rope,
-        "feature_layers": list(mcfg.draft.feature_layers) if mcfg.draft.features == "fused" else [],
-        "source": {"checkpoint": str(checkpoint), "models": sources}, "tokenizer_sha256": tok.fingerprint,
-        "prompt": {"cameras": cfg.cameras, "frames": cfg.frames, "image_hw": list(cfg.image_hw),
-                   "grid_thw": shapes["grid"], "image_tokens": shapes["image_tokens"]},
-        "vision": {"patch": t.vision.patch, "temporal_patch": t.vision.temporal_patch, "merge": t.vision.merge},
-        "target": {"vocab_size": t.llm.vocab_size, "head_dim": t.llm.head_dim, "rope_theta": t.llm.rope_theta,
-                   "mrope_section": list(t.llm.mrope_section), "interleaved": t.llm.interleaved,
-                   "layers": t.llm.layers, "kv_heads": t.llm.kv_heads, "hidden": t.llm.hidden,
-                   "image_token_id": t.image_token_id, "image_attention": t.llm.image_attention},
-        "draft_llm": {"head_dim": d.head_dim, "rope_theta": d.rope_theta, "mrope_section": list(d.mrope_section),
-                      "interleaved": d.interleaved, "layers": d.layers, "kv_heads": d.kv_heads, "hidden": d.hidden},
-        "action": {"loop": "host: one action_velocity call per Euler step, then action_output",
-                   "euler_steps": mcfg.expert.euler_steps, "samples": cfg.samples, "combine": cfg.combine,
-                   "n_waypoints": mcfg.expert.n_waypoints, "action_dim": mcfg.expert.action_dim},
-        "model_config": to_dict(mcfg), "graphs": graphs,
-    }
+    t, e, fused = mcfg.target, mcfg.expert, mcfg.draft.features == "fused"
+    return EnginesMeta.new(
+        out, max_len=cfg.max_len, k_max=cfg.k_max, draft=name, draft_features=mcfg.draft.features,
+        draft_rope=mcfg.draft.rope, feature_layers=list(mcfg.draft.feature_layers) if fused else [],
+        tokenizer_sha256=tok.fingerprint,
+        prompt=PromptShapes(cfg.cameras, cfg.frames, tuple(cfg.image_hw), shapes["grid"], shapes["image_tokens"]),
+        vision=VisionDims(t.vision.patch, t.vision.temporal_patch, t.vision.merge),
+        target=dataclasses.replace(_dims(t.llm), vocab_size=t.llm.vocab_size, image_token_id=t.image_token_id,
+                                   image_attention=t.llm.image_attention),
+        draft_llm=_dims(mcfg.draft_llm()),
+        action=ActionShapes(e.euler_steps, cfg.samples, cfg.combine, e.n_waypoints, e.action_dim),
+        graphs=graphs, draft_vocab=draft_vocab, source=ExportSource(str(checkpoint), sources),
+        model_config=to_dict(mcfg), torch=torch.__version__, created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def _dims(llm) -> LlmDims:
+    """A decoder's exported dimensions (a target's vocabulary and image token added by the caller)."""
+    return LlmDims(llm.head_dim, llm.rope_theta, tuple(llm.mrope_section), llm.interleaved, llm.layers,
+                   llm.kv_heads, llm.hidden)
+

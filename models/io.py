@@ -44,8 +44,8 @@ from models.weight_facts import check_weight_facts, header_metadata
 from core.config import ConfigError, file_sha256, from_dict, to_dict
 from prompt.draft_vocab import check_d2t, d2t_sha256
 # read_meta and scan_checkpoints are core.artifacts' (io.scan_checkpoints reads a planner folder)
-from core.artifacts import CHECKPOINT_FORMAT, CHECKPOINT_VERSION as FORMAT_VERSION, META, MODEL_KINDS, \
-    CheckpointMeta, ModuleFile, read_meta, scan_checkpoints  # noqa: F401
+from core.artifacts import META, MODEL_KINDS, \
+    CheckpointMeta, ModuleFile, TensorSpec, read_meta, scan_checkpoints  # noqa: F401
 from prompt.tokenizer import load_tokenizer
 from prompt.vocab import Tokenizer
 
@@ -76,15 +76,10 @@ def save(path, modules: Mapping, config, meta: Mapping) -> Path:
         state = _state_dict(module)
         dtypes |= {_dtype_name(t.dtype) for t in state.values()}
         entries[name] = _write_module(path, name, state, config)
-    body = {
-        "format": CHECKPOINT_FORMAT, "format_version": FORMAT_VERSION, "kind": kind,
-        "config_class": type(config).__name__, "config": to_dict(config),
-        "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed", "modules": entries,
-        "versions": _versions(), "created_by": " ".join(sys.argv),
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        **meta,
-    }
-    (path / META).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    made = {"versions": _versions(), "created_by": " ".join(sys.argv),
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
+    CheckpointMeta.new(path, kind, type(config).__name__, to_dict(config), dtype, entries, {**made, **meta}).write(path)
     return path
 
 
@@ -158,13 +153,13 @@ def _state_dict(module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_module(path: Path, name: str, state: dict, config) -> dict:
+def _write_module(path: Path, name: str, state: dict, config) -> ModuleFile:
     if not name.isidentifier():
         raise CheckpointError(f"module name {name!r} must be a Python identifier (it names a file)")
     file = path / f"{name}.safetensors"
     safetensors.torch.save_file(state, str(file), metadata=header_metadata(config, name))
-    tensors = {k: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for k, t in state.items()}
-    return {"file": file.name, "sha256": file_sha256(file), "bytes": file.stat().st_size, "tensors": tensors}
+    tensors = {k: TensorSpec(k, tuple(t.shape), _dtype_name(t.dtype)) for k, t in state.items()}
+    return ModuleFile(file.name, file_sha256(file), file.stat().st_size, tensors)
 
 
 def _read_module(path: Path, name: str, entry: ModuleFile, config) -> dict[str, torch.Tensor]:

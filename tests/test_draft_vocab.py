@@ -249,7 +249,7 @@ def test_the_trtllm_draft_checkpoint_of_a_reduced_head_sees_full_vocabulary_ids(
              "embed_tokens.weight": target.embed_tokens.weight, "lm_head.weight": head}
     llm = scfg.draft_llm()
     config = trtllm.trtllm_config(llm, "draft", "float32", 256, fp8=False)
-    trtllm.write_checkpoint(tmp_path / "draft", config, trtllm.to_trtllm(state, llm, "float32"), {"role": "draft"})
+    trtllm.write_checkpoint(tmp_path / "draft", config, trtllm.to_trtllm(state, llm, "float32"), role="draft")
     full_cfg = dataclasses.replace(scfg, draft=dataclasses.replace(scfg.draft, vocab=0))
     d2, _ = trtllm.read_draft(tmp_path / "draft", full_cfg)
     ids, pos = torch.randint(20, 300, (1, 9), generator=torch.Generator().manual_seed(0)), torch.arange(9)[None]

@@ -120,20 +120,21 @@ def test_the_stamp_names_checkpoint_command_date_and_commit(tmp_path):
     assert "`specdrive bench --x 1`" in line and SHIPPED[:12] in line and s["date"] in line
 
 
-def test_an_export_of_another_checkpoint_is_not_stamped_with_this_one(tmp_path):
-    ck = tmp_path / "ck"
-    (ck / "target").mkdir(parents=True)
-    (ck / "target" / "meta.json").write_text(json.dumps({"modules": {"target": {"sha256": "a" * 64}}}))
+def test_an_export_of_another_checkpoint_is_not_stamped_with_this_one(tmp_path, tiny_onnx):
+    """The export's card names its source checkpoint; a module hash that no longer matches, or a
+    meta.json that is no export's card, stamps no checkpoint."""
     eng = tmp_path / "eng"
     eng.mkdir()
-    meta = {"source": {"checkpoint": str(ck), "models": {"target": {"folder": str(ck / "target"),
-                                                                    "modules": {"target": "a" * 64}}}}}
+    meta = json.loads((tiny_onnx / "meta.json").read_text())
     (eng / "meta.json").write_text(json.dumps(meta))
-    assert engines_checkpoint(eng) == (ck, None)
-    meta["source"]["models"]["target"]["modules"]["target"] = "b" * 64
+    assert engines_checkpoint(eng) == (ROOT / "checkpoints" / "tiny", None)
+    meta["source"]["models"]["target"]["modules"]["target"] = "b" * 64     # source: outside the facts hash
     (eng / "meta.json").write_text(json.dumps(meta))
     path, why = engines_checkpoint(eng)
     assert path is None and "module 'target' was exported from sha256 bbbbbbbbbbbb" in why
+    (eng / "meta.json").write_text(json.dumps({"source": meta["source"]}))
+    path, why = engines_checkpoint(eng)
+    assert path is None and "not an export this code reads" in why
 
 
 def test_report_without_its_json_exits_2_naming_the_table_and_command(tmp_path, monkeypatch, capsys):

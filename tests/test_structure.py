@@ -495,3 +495,45 @@ def test_the_tensorrt_backend_addresses_buffers_by_attribute_and_sizes_by_dtype(
     hits = [h for f in files for h in string_subscripts(f.read_text(), f.relative_to(ROOT).as_posix())]
     hits += [h for f in files for h in byte_literals(f.read_text(), f.relative_to(ROOT).as_posix())]
     assert len(files) >= 6 and not hits, "string-subscripted buffers or literal element sizes:\n" + "\n".join(hits)
+
+
+# the modules that declare a card schema and so may serialize it (scenes/dataset.py: a dataset's
+# manifest.json, another schema than an engines build's)
+SCHEMA_MODULES = ("core/artifacts.py", "scenes/dataset.py")
+CARD_NAMES = re.compile(r"meta\.json|manifest\.json|\bMETA\b|\bMANIFEST\b")
+
+
+def card_writes(tree: ast.AST, text: str) -> list[int]:
+    """Lines that serialize JSON into a card file (meta.json, manifest.json): PATH.write_text(json.dumps(...))
+    or json.dump(..., open(PATH)) where PATH names a card."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        target, args = node.func.value, node.args
+        if node.func.attr == "dump":
+            target, args = (args[1] if len(args) > 1 else target), args[:1]
+        elif node.func.attr != "write_text":
+            continue
+        dumps = any(isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in ("dumps", "dump")
+                    for arg in args for a in ast.walk(arg))
+        if (dumps or node.func.attr == "dump") and CARD_NAMES.search(ast.get_source_segment(text, target) or ""):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_card_write_checker_finds_planted_writes():
+    planted = ('(out / "meta.json").write_text(json.dumps(meta, indent=2))\n'
+               'json.dump(manifest, open(out / MANIFEST, "w"))\n'
+               '(out / "report.json").write_text(json.dumps(report))\n')
+    assert card_writes(ast.parse(planted), planted) == [1, 2]
+
+
+def test_cards_are_serialized_only_by_their_schema_module():
+    """A meta.json or manifest.json is written by its card (core/artifacts.py: `card.write(folder)`),
+    never from a dict built beside the writer: each schema is declared once, where it is parsed."""
+    hits = [f"{f.relative_to(ROOT)}:{line}" for f, text in sources(PACKAGES)
+            if f.relative_to(ROOT).as_posix() not in SCHEMA_MODULES
+            for line in card_writes(ast.parse(text, str(f)), text)]
+    assert not hits, "meta.json / manifest.json written outside the schema module (build the card, " \
+                     "call its write()):\n" + "\n".join(hits)

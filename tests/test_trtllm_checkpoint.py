@@ -216,7 +216,7 @@ def test_float32_checkpoints_read_back_with_equal_logits(models, tmp_path):
                              ("draft", cfg.draft_llm(), {**draft.state_dict(), "embed_tokens.weight":
                               target.embed_tokens.weight, "lm_head.weight": target.lm_head.weight})):
         config = trtllm.trtllm_config(llm, role, "float32", 1024, fp8=False)
-        trtllm.write_checkpoint(tmp_path / role, config, trtllm.to_trtllm(state, llm, "float32"), {"role": role})
+        trtllm.write_checkpoint(tmp_path / role, config, trtllm.to_trtllm(state, llm, "float32"), role=role)
         check_golden(tmp_path / role, role)
     t2, act_t = trtllm.read_target(tmp_path / "target", target)
     d2, act_d = trtllm.read_draft(tmp_path / "draft", cfg)
