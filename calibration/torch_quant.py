@@ -57,9 +57,11 @@ def fp8_amax(cfg, target, expert, draft, tokenizer, scenes: list[CalibrationScen
     # one deepcopy of both keeps the draft's shared embedding / LM head pointing at the copy
     t, d = copy.deepcopy((target, draft))
     models = torch.nn.ModuleDict({"target": t, "draft": d})
-    # no budget: every cycle reasons to <|cot_end|> (or the token cap), whatever this CPU's speed
-    pcfg = with_overrides(planner_cfg, {"budget": dataclasses.asdict(BudgetConfig()), "fallback": "inline"},
-                          "fp8 calibration")
+    # no budget: every cycle reasons to <|cot_end|> (or the token cap), whatever this CPU's speed; a
+    # fixed k: adaptive k follows measured times, and the verify blocks (so the amax) would follow
+    # how busy the machine was
+    pcfg = with_overrides(planner_cfg, {"budget": dataclasses.asdict(BudgetConfig()), "fallback": "inline",
+                                        "spec": {"adaptive": False}}, "fp8 calibration")
 
     def loop(_):
         backend = TorchBackend(cfg, t, expert, d, "routine", "cpu", pcfg.max_len)

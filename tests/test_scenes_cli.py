@@ -50,7 +50,7 @@ def test_show_writes_a_png(dataset, tmp_path):
     (["show", "{data}", "--index", "99", "--out", "{tmp}/a.png"], r"--index 99 is out of range .* allowed 0\.\.\d+"),
     (["show", "{data}", "--index", "-1", "--out", "{tmp}/a.png"], "--index -1 is out of range"),
     (["show", "{data}", "--split", "dev", "--out", "{tmp}/a.png"], "invalid choice: 'dev'"),
-    (["generate", "--out", "{tmp}/x", "--n", "many"], "invalid int value"),
+    (["generate", "--out", "{tmp}/x", "--n", "many"], "argument --n: 'many' is not an integer in ASCII digits"),
 ])
 def test_bad_arguments_exit_2_and_say_why(args, message, dataset, tmp_path):
     r = _cli(*[a.format(tmp=tmp_path, data=dataset) for a in args], timeout=60)
