@@ -82,6 +82,7 @@ class ModelSource:
     draft: str | None = None
     device: str = "cpu"
     eager: bool = False
+    kv_buckets: bool | None = None   # torch: attention over a kv-length bucket (None: on CUDA)
     threads: int = 0              # engine CPU threads (onnxruntime; torch's are set by the tools)
     expect_fingerprint: str | None = None   # the folder's pinned fingerprint: another is refused
 
@@ -133,6 +134,7 @@ def backend_spec(src: ModelSource, max_len: int | None, default_tokenizer=None,
     if src.expect_fingerprint is not None:        # pinned: nothing is read from another folder
         source_fingerprint(src)
     spec = BackendSpec(tokenizer=None, max_len=max_len, device=src.device, eager=src.eager, k_max=k_max,
+                       kv_buckets=src.kv_buckets,
                        threads=src.threads, draft=src.draft, seed=src.random_init)
     name = _engines_spec(src, spec) if src.engines is not None else _models_spec(src, spec, default_tokenizer)
     return name, spec

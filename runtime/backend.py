@@ -82,6 +82,7 @@ class BackendSpec:
     draft: str | None = None            # None (the checkpoint's), "self", "none" or a folder
     draft_noise: float = 0.0            # "self" drafts with noised weights (bench reference)
     static: bool = False                # torch: the static-cache forward
+    kv_buckets: bool | None = None      # torch: attention over a kv-length bucket (None: on CUDA)
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ def test_every_cuda_graph_is_captured_when_the_backend_is_made(tiny_backends):
     target, expert, routine = build(cfg)
     be = TorchBackend(cfg, target, expert, routine, "routine", device="cuda", max_len=128, eager=False, k_max=8)
     keys = set(be.graphs.graphs)
-    assert {("target", w) for w in range(1, 10)} <= keys, sorted(keys)
+    assert {("target", w, kv) for w in range(1, 10) for kv in be.buckets()} <= keys, sorted(keys)
     assert {k[1] for k in keys if k[0] == "draft"} >= set(range(1, 10)), sorted(keys)
     for i in range(5):
         for k in (1, 4, 8):

@@ -103,12 +103,23 @@ def add_source_args(p: argparse.ArgumentParser, checkpoint_help: str = "checkpoi
     p.add_argument("--backend", default=None, choices=list(BACKENDS))
 
 
+KV_BUCKETS = {"auto": None, "on": True, "off": False}
+
+
+def add_kv_buckets(p: argparse.ArgumentParser) -> None:
+    """--kv-buckets: the torch backend's attention over a kv-length bucket of the cache."""
+    p.add_argument("--kv-buckets", choices=list(KV_BUCKETS), default="auto",
+                   help="torch backend: attend over the smallest of 256, 512, .. max_len cache rows a call "
+                        "needs, with fused projections (auto: on CUDA; off: every row, the reference forward)")
+
+
 def model_source(args: argparse.Namespace) -> ModelSource:
     """The ModelSource of the parsed add_source_args arguments and --draft, --device, --eager,
     --threads (ModelSource checks that --preset comes with --random-init)."""
     return ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
                        random_init=args.random_init, backend=args.backend, draft=getattr(args, "draft", None),
                        device=args.device, eager=args.eager, threads=args.threads,
+                       kv_buckets=KV_BUCKETS[getattr(args, "kv_buckets", "auto")],
                        expect_fingerprint=getattr(args, "expect_fingerprint", None))
 
 

@@ -89,6 +89,7 @@ def run(cfg: BenchRun) -> int:
             for be in {id(m.backend): m.backend for m in modes}.values():
                 be.close()
     record["setup"] = {"source": source, "fingerprints": fingerprints, "backend": plain.name, "device": src.device,
+                       "kv_buckets": getattr(plain, "kv_buckets", None),     # torch: attention over a kv bucket
                        "profile": str(cfg.profile), "command": cfg.command,
                        **{k: str(v) if isinstance(v, Path) else v for k, v in vars(measure).items()},
                        "threads": cfg.threads,

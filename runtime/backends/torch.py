@@ -15,7 +15,11 @@ rows written by index, attention over the static cache under a mask). On CUDA wi
 every verify width, draft feed width (1..k_max+1) and the draft chain's step is captured as a
 CUDA graph of that forward when the backend is made (never inside a cycle), with `start` a
 device tensor; static=True runs the same on CPU (what the tests compare with
-eager). This module holds only what is backend-specific: buffers, streams and graphs. The
+eager). kv_buckets (on by default on CUDA): every call that attends over the cache reads only its
+first kv_bucket(start + width) rows (256, 512, ... max_len) through the models' inference path, with
+q/k/v and gate/up fused (models.layers), and the graphs are captured per (width, bucket); off, the
+reference forward attends over all max_len rows. Both are exact against plain decoding on the
+same backend (tests/test_kv_buckets.py). This module holds only what is backend-specific: buffers, streams and graphs. The
 fallback expert runs on its own stream. Beside it: torch_trees.py (token trees), torch_graphs.py
 (the static runner and its CUDA graphs), torch_step.py (the greedy step on the device).
 """
@@ -31,6 +35,7 @@ from models import io
 from models.action_expert import ActionExpert
 from models.config import ModelConfig, load_preset
 from models.draft import shift_features
+from models.layers import fuse_projections, kv_bucket
 from models.rope import apply_rope
 from models.target import Target, write_image_blocks
 from core.config import ConfigError
@@ -56,7 +61,8 @@ class TorchBackend(TorchTrees, Backend):
 
     def __init__(self, cfg: ModelConfig, target: Target, expert: ActionExpert, draft=None,
                  draft_kind: str = "routine", device: str = "cpu", max_len: int = DEFAULT_MAX_LEN,
-                 eager: bool = True, static: bool = False, k_max: int | None = None):
+                 eager: bool = True, static: bool = False, k_max: int | None = None,
+                 kv_buckets: bool | None = None):
         if draft_kind not in DRAFT_KINDS:
             raise ConfigError(f"draft kind {draft_kind!r} is not known; choose one of {list(DRAFT_KINDS)}")
         self.cfg, self.device = cfg, torch.device(device)
@@ -67,6 +73,11 @@ class TorchBackend(TorchTrees, Backend):
         llm = cfg.target.llm
         self.vocab_size, self.max_len = llm.vocab_size, int(max_len)
         self.image_attention = llm.image_attention
+        self.kv_buckets = self.device.type == "cuda" if kv_buckets is None else bool(kv_buckets)
+        if self.kv_buckets:
+            for m in (target, draft):
+                if m is not None:
+                    fuse_projections(m)
         self.fused = draft_kind == "routine" and cfg.draft.features == "fused"
         self.feature_layers = tuple(cfg.draft.feature_layers) if self.fused else ()
         # routine fused drafts re-feed accepted proposals with the target's features
@@ -130,7 +141,8 @@ class TorchBackend(TorchTrees, Backend):
             check_image_tokens(inputs.ids, self.cfg.target.image_token_id, embeds.shape[0])
         pos = torch.as_tensor(np.asarray(inputs.positions), device=self.device)[:, None]   # (3, 1, T)
         cos, sin = self.target.rope(pos)
-        logits, hid = self.target(ids, cos, sin, self.cache, 0, embeds, deep, self.feature_layers)
+        logits, hid = self.target(ids, cos, sin, self.cache, 0, embeds, deep, self.feature_layers,
+                                  kv_len=self.kv(0, ids.shape[1]))
         if self.fused:
             self.feats[:ids.shape[1]] = torch.cat(hid, -1)[0]
         self._draft_prefill(ids, pos, embeds, deep)
@@ -138,11 +150,12 @@ class TorchBackend(TorchTrees, Backend):
 
     def _draft_prefill(self, ids, pos, embeds, deep) -> None:
         """The draft's prompt rows (after the target's: a fused draft reads its features)."""
+        kv = self.kv(0, ids.shape[1])
         if self.draft_kind == "self":
-            self.draft_model(ids, *self.target.rope(pos), self.draft_cache, 0, embeds, deep)
+            self.draft_model(ids, *self.target.rope(pos), self.draft_cache, 0, embeds, deep, kv_len=kv)
         elif self.draft_kind == "routine":
             f = shift_features(self.feats[None, :ids.shape[1]]) if self.fused else None
-            self.draft_model(ids, *self._draft_rope(0, ids.shape[1], pos), self.draft_cache, 0, f, embeds)
+            self.draft_model(ids, *self._draft_rope(0, ids.shape[1], pos), self.draft_cache, 0, f, embeds, kv_len=kv)
 
     @torch.no_grad()
     def image_blocks(self, frames: list, ids: np.ndarray, positions: np.ndarray) -> list:
@@ -168,12 +181,14 @@ class TorchBackend(TorchTrees, Backend):
         pos = torch.as_tensor(np.asarray(inputs.positions), device=self.device)[:, None]   # (3, 1, T)
         cos, sin = self.target.rope(pos)
         layers = self.feature_layers
-        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers)
+        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers,
+                             kv_len=self.kv(0, first))
         kv = [(torch.cat([b[0][j][0] for b in blocks]), torch.cat([b[0][j][1] for b in blocks]))
               for j in range(len(self.cache))]
         rows = torch.arange(first, end, device=self.device)
         write_image_blocks(self.cache, kv, rows, cos[:, first:end], sin[:, first:end])
-        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers)
+        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers,
+                                   kv_len=self.kv(0, T))
         if self.fused:
             self.feats[:first] = torch.cat(hid, -1)[0]
             self.feats[first:end] = torch.cat([b[1] for b in blocks])
@@ -195,7 +210,8 @@ class TorchBackend(TorchTrees, Backend):
         cos, sin = self.target.rope(pos)
         embeds, deep = self.images
         layers, F = self.feature_layers, self.feats
-        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers)
+        _, hid = self.target(ids[:, :first], cos[:, :first], sin[:, :first], self.cache, 0, hidden_layers=layers,
+                             kv_len=self.kv(0, first))
         if self.fused:
             F[:first] = torch.cat(hid, -1)[0]
         new, P = [], embeds.shape[0] // len(blocks)
@@ -209,14 +225,16 @@ class TorchBackend(TorchTrees, Backend):
                 new.append(None)
                 continue
             _, hid = self.target(ids[:, a:b], cos[:, a:b], sin[:, a:b], self.cache, a,
-                                 embeds[i * P:(i + 1) * P], [d[i * P:(i + 1) * P] for d in deep], layers)
+                                 embeds[i * P:(i + 1) * P], [d[i * P:(i + 1) * P] for d in deep], layers,
+                                 kv_len=self.kv(0, b))
             kv = [(apply_rope(layer[0][:, :, a:b], cos[:, a:b], -sin[:, a:b]).clone(), layer[1][:, :, a:b].clone())
                   for layer in self.cache]
             f = torch.cat(hid, -1)[0].clone() if self.fused else None
             if self.fused:
                 F[a:b] = f
             new.append((kv, f))
-        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers)
+        logits, tail = self.target(ids[:, end:], cos[:, end:], sin[:, end:], self.cache, end, hidden_layers=layers,
+                                   kv_len=self.kv(0, T))
         if self.fused:
             F[end:T] = torch.cat(tail, -1)[0]
         self._draft_prefill(ids, pos, embeds, deep)
@@ -262,7 +280,8 @@ class TorchBackend(TorchTrees, Backend):
         as it is -> logits (1, w, V), fused features (w, 3D) or None."""
         if self.graphs is not None:
             return self.graphs.target(ids, start)
-        return self.verify_forward(ids, *self._text_rope(start, ids.shape[1]), start)
+        w = ids.shape[1]
+        return self.verify_forward(ids, *self._text_rope(start, w), start, self.kv(start, w))
 
     def raw_costs(self, widths, ks) -> dict:
         return raw_costs(self, widths, ks)
@@ -288,7 +307,8 @@ class TorchBackend(TorchTrees, Backend):
 
     def write(self, tokens, start: int) -> None:
         ids = torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)[None]
-        self.target(ids, *self._text_rope(start, ids.shape[1]), self.cache, start)
+        w = ids.shape[1]
+        self.target(ids, *self._text_rope(start, w), self.cache, start, kv_len=self.kv(start, w))
 
     def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         ec, r = self.expert_model.cfg, request      # the noise of every backend: numpy, on the host
@@ -298,19 +318,30 @@ class TorchBackend(TorchTrees, Backend):
         return self.link.down(wp[0].float())
 
     # --- the forwards StaticRunner captures (torch_graphs.py; start: an int or a (1,) device tensor)
-    def verify_forward(self, ids, cos, sin, start):
-        """Target.forward over the cache -> logits (1, w, V), fused features (w, 3D) or None."""
-        logits, hid = self.target(ids, cos, sin, self.cache, start, hidden_layers=self.feature_layers)
+    def verify_forward(self, ids, cos, sin, start, kv_len=None):
+        """Target.forward over the cache (kv_len: its first rows only, `kv`) -> logits (1, w, V),
+        fused features (w, 3D) or None."""
+        logits, hid = self.target(ids, cos, sin, self.cache, start, hidden_layers=self.feature_layers, kv_len=kv_len)
         return logits, (torch.cat(hid, -1)[0] if self.fused else None)
 
-    def feed_forward(self, ids, cos, sin, start, feat=None, tree=None):
+    def feed_forward(self, ids, cos, sin, start, feat=None, tree=None, kv_len=None):
         """Draft.forward (or the target's, for a self draft) -> logits, hidden (None: self);
-        `tree` (T, max_len): a token tree's mask instead of the causal one."""
+        `tree` (T, max_len): a token tree's mask instead of the causal one; kv_len as verify_forward's."""
         if self.draft_kind == "self":
-            return self.draft_model(ids, cos, sin, self.draft_cache, start, tree=tree)[0], None
-        return self.draft_model(ids, cos, sin, self.draft_cache, start, feat, tree=tree)
+            return self.draft_model(ids, cos, sin, self.draft_cache, start, tree=tree, kv_len=kv_len)[0], None
+        return self.draft_model(ids, cos, sin, self.draft_cache, start, feat, tree=tree, kv_len=kv_len)
 
     # --- internals -----------------------------------------------------------------------------
+    def kv(self, start: int, width: int) -> int | None:
+        """The cache rows a call of `width` rows at `start` attends over: its kv bucket, or None
+        (all max_len rows, the reference forward) with kv_buckets off."""
+        return kv_bucket(start + width, self.max_len) if self.kv_buckets else None
+
+    def buckets(self) -> list[int]:
+        """The kv lengths a call may attend over: every kv bucket (kv_buckets on), or [max_len]."""
+        L = self.max_len
+        return sorted({kv_bucket(n, L) for n in range(1, L + 1)}) if self.kv_buckets else [L]
+
     def _text_rope(self, start: int, n: int):
         """cos, sin of text rows start..start+n-1: M-RoPE position row + delta on all axes."""
         pos = torch.arange(start, start + n, device=self.device)[None] + self.delta
@@ -324,7 +355,8 @@ class TorchBackend(TorchTrees, Backend):
     def draft_step(self, ids, start: int, feat):
         if self.graphs is not None:
             return self.graphs.draft(ids, start, feat)
-        return self.feed_forward(ids, *self._draft_rope(start, ids.shape[1]), start, feat)
+        w = ids.shape[1]
+        return self.feed_forward(ids, *self._draft_rope(start, w), start, feat, kv_len=self.kv(start, w))
 
     def _masked(self, logits: torch.Tensor, index0: int) -> torch.Tensor:
         """logits (n, V) choosing the tokens at sequence indices index0.. -> masked fp32."""
@@ -380,7 +412,7 @@ def create(spec: BackendSpec) -> TorchBackend:
         raise ConfigError("the checkpoint has no draft (meta.json kind 'draft'); pass --draft DIR, "
                           "--draft self or --draft none")
     return TorchBackend(cfg, target, expert, model, kind, device, spec.max_len or DEFAULT_MAX_LEN,
-                        spec.eager, spec.static, spec.k_max)
+                        spec.eager, spec.static, spec.k_max, spec.kv_buckets)
 
 
 def check_device(device: str) -> None:

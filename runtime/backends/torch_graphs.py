@@ -2,6 +2,8 @@
 graphs captured when the backend is made (runtime/backends/torch.py says when each is used)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -11,7 +13,8 @@ class StaticRunner:
     Draft.forward themselves, `start` a (1,) device tensor): as they are (CPU, `static=True`,
     what the tests compare with eager) or as CUDA graphs with static input/output buffers
     (torch.cuda.graph; warm-up on a side stream first), every verify width, draft feed width and
-    the draft chain's step captured by `warm` when the backend is made. A cycle only replays
+    the draft chain's step captured by `warm` when the backend is made; with the backend's
+    kv_buckets, one graph per width and kv bucket (the rows it attends over). A cycle only replays
     them; a width never captured (a long write of the reasoning rows) runs as it is. Rotary
     tables of every text position are precomputed, so a replay only copies inputs. `be`: the
     TorchBackend whose forwards (verify_forward, feed_forward) it runs."""
@@ -30,7 +33,8 @@ class StaticRunner:
         w = ids.shape[1]
         p = start + self.be.delta
         args = (ids, self.text_cos[:, p:p + w], self.text_sin[:, p:p + w], self._start(start))
-        return self._run(("target", w), self.be.verify_forward, args)
+        kv = self.be.kv(start, w)
+        return self._run(("target", w, kv), functools.partial(self.be.verify_forward, kv_len=kv), args)
 
     def draft(self, ids, start: int, feat):
         w = ids.shape[1]
@@ -39,20 +43,27 @@ class StaticRunner:
         args = (ids, self.draft_cos[:, p:p + w], self.draft_sin[:, p:p + w], self._start(start))
         if feat is not None:
             args += (feat,)
-        return self._run(("draft", w, None if feat is None else feat.shape[-1]), self.be.feed_forward, args)
+        kv = self.be.kv(start, w)
+        return self._run(("draft", w, None if feat is None else feat.shape[-1], kv),
+                         functools.partial(self.be.feed_forward, kv_len=kv), args)
 
     def warm(self, widths: int) -> None:
-        """Capture now (CUDA) every verify and draft feed width 1..widths and the chain step,
-        through the backend's own calls on its empty cache (the first prefill overwrites the
-        rows they write)."""
+        """Capture now (CUDA) every verify and draft feed width 1..widths and the chain step, in
+        every kv bucket, through the backend's own calls on its empty cache (the first prefill
+        overwrites the rows they write). A call of width w in bucket b runs at start b - w - 1
+        (its chain step then needs b rows: the same bucket)."""
         if not self.capture:
             return
         self.capturing = True
         try:
-            for w in range(1, widths + 1):
-                self.be.verify(np.zeros(w, np.int64), 0, "argmax")
-                if self.be.draft_kind != "none":
-                    self.be.draft(np.zeros(w, np.int64), 0, 2)      # feed of w, then one chain step
+            for b in self.be.buckets():
+                for w in range(1, widths + 1):
+                    start = max(0, b - w - 1)
+                    if start + w + 1 > self.be.max_len:
+                        continue
+                    self.be.verify(np.zeros(w, np.int64), start, "argmax")
+                    if self.be.draft_kind != "none":
+                        self.be.draft(np.zeros(w, np.int64), start, 2)      # feed of w, then one chain step
         finally:
             self.capturing = False
 

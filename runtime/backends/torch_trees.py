@@ -46,7 +46,7 @@ class TorchTrees:
             node_ids = torch.as_tensor([b.tokens[x] for x in nodes], device=self.device)[None]
             feat = torch.stack([hid[b.parents[x]] for x in nodes])[None] if self.fused else None
             logits, hidden = self.feed_forward(node_ids, *self._draft_rope_at(pos), row, feat,
-                                        tree=torch.from_numpy(mask).to(self.device))
+                                               tree=torch.from_numpy(mask).to(self.device), kv_len=self.kv(row, m))
             top_ids, top_lp = self._topk(logits[0], pos + 1, K)
             b.children(nodes, range(row, row + m), top_ids, top_lp)
             if self.fused:
@@ -63,7 +63,7 @@ class TorchTrees:
         pos = torch.as_tensor(start + offsets + self.delta, device=self.device)[None]
         tree = tree_mask(start, torch.as_tensor(np.asarray(mask, bool), device=self.device), self.max_len)
         logits, hid = self.target(ids, *self.target.rope(pos), self.cache, start,
-                                  hidden_layers=self.feature_layers, tree=tree)
+                                  hidden_layers=self.feature_layers, tree=tree, kv_len=self.kv(start, w))
         if self.fused:
             self.feats[start:start + w] = torch.cat(hid, -1)[0]
         masked = self._masked_at(logits[0].float(), start + 1 + offsets)
