@@ -135,7 +135,11 @@ class ActionExpert(nn.Module):
         """
         B = x.shape[0]
         rows, mask = self._cache_keys(target_cache, cache_len, B)
-        ctx = target_cache[:, :, :, :, :rows].expand(-1, -1, B, -1, -1, -1)
+        return self._flow(x, t, target_cache[:, :, :, :, :rows].expand(-1, -1, B, -1, -1, -1), mask, cos, sin)
+
+    def _flow(self, x, t, ctx, mask, cos, sin) -> torch.Tensor:
+        """The velocity network over context K/V rows `ctx` (layers, 2, B, KVH, rows, D), keys masked by
+        `mask` (None or bool, broadcast to (B, 1, W, rows + W))."""
         h = self.action_in_proj(x, t)
         for blk, layer_ctx in zip(self.layers, ctx):
             q, k, v = blk.qkv(h, cos, sin)
@@ -230,6 +234,29 @@ class ActionExpert(nn.Module):
             x = x + self.velocity(x, t, target_cache, cache_len, cos, sin).float() / steps
         return self.finish(x, v0)
 
+    def sample_bucketed(self, target_cache: torch.Tensor, kv_len: int, cache_len: torch.Tensor, v0: torch.Tensor,
+                        steps: int, *, rope_delta: torch.Tensor, noise: torch.Tensor, samples: int = 1,
+                        combine: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+        """`sample` of one scene (cache batch 1, noise (samples, W, A)) with static shapes, for a CUDA
+        graph: the keys are the first `kv_len` cache rows (a static bucket, >= the context), and
+        the rows at or past `cache_len` (a (1,) device tensor, with rope_delta) are masked on the
+        device. Nothing is read back or checked on the host: the caller checks cache_len <= kv_len.
+        Equal to sample(target_cache, int(cache_len), ...) up to float rounding (masked rows weigh 0)."""
+        if combine not in COMBINES:
+            raise ValueError(f"combine={combine!r}; choose one of {list(COMBINES)}")
+        S, W, dev = samples, self.cfg.n_waypoints, noise.device
+        x = noise.float()
+        keys = torch.arange(kv_len + W, device=dev)
+        mask = ((keys < cache_len) | (keys >= kv_len))[None, None, None]            # (1, 1, 1, kv_len + W)
+        if not self.cfg.non_causal:   # action token i sees cache rows and action tokens <= i
+            mask = mask & (keys[None, :] < kv_len + 1 + torch.arange(W, device=dev)[:, None])
+        cos, sin = self.rope(cache_len, rope_delta, S)
+        ctx = target_cache[:, :, :, :, :kv_len].expand(-1, -1, S, -1, -1, -1)
+        for i in range(steps):  # x <- x + dt v(x, t), t = i / steps
+            t = torch.full((S,), i / steps, device=dev)
+            x = x + self._flow(x, t, ctx, mask, cos, sin).float() / steps
+        return self.finish(x, v0, S, combine)
+
     def finish(self, x: torch.Tensor, v0: torch.Tensor, samples: int = 1,
                combine: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
         """Integrated flow x (B*S, W, A) (normalised; scene-major draws) and v0 (B,) ->
@@ -245,7 +272,7 @@ class ActionExpert(nn.Module):
             pick = draws.mean(1)
         else:
             xy = actions_to_waypoints(actions, v0.repeat_interleave(S))[..., :2].reshape(B, S, -1)
-            pick = draws[torch.arange(B), torch.cdist(xy, xy).sum(-1).argmin(-1)]
+            pick = draws[torch.arange(B, device=draws.device), torch.cdist(xy, xy).sum(-1).argmin(-1)]
         return actions_to_waypoints(pick, v0), pick
 
     def _sample_many(self, cache, cache_len, v0, steps, rope_delta, noise, generator, samples: int,

@@ -193,6 +193,10 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release engine resources (streams, graphs, sessions)."""
 
+    def warm_expert(self, request: ExpertRequest) -> None:
+        """Get ready for `expert` calls of `request` (a planner calls it once, when it is made): a
+        backend that captures the expert's graphs captures them now, never inside a cycle."""
+
     def raw_costs(self, widths, ks) -> dict | None:
         """Each call kind's floor: {"verify": {width: ms}, "draft": {k: ms}} of calls back to back
         with no loop around them (the bench's in-loop times are set beside it); None: not measured

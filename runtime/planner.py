@@ -70,6 +70,7 @@ class Planner:
         self.cfg = config or PlannerConfig()
         self.clock = clock
         check_setup(backend, tokenizer, self.cfg)
+        backend.warm_expert(self.cfg.expert_request())
         self.costs = CostModel(self.cfg.budget, searches=self.cfg.reuse.lookup)   # learnt across cycles
         self.rates = {"reasoning": AcceptanceRate(), "trajectory": AcceptanceRate(), "lookup": AcceptanceRate()}
         self.tree_tau = TreeTau()       # tokens per tree step (spec.tree; runtime/tree.py)

@@ -90,27 +90,17 @@ def tree_list(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_source_args(p: argparse.ArgumentParser, checkpoint_help: str = "checkpoint folder (meta.json kind "
-                    "planner/target)") -> None:
-    """--checkpoint | --engines | --preset (+ --random-init): what a command runs; --backend."""
+def add_source_args(p: argparse.ArgumentParser, checkpoint_help: str = "checkpoint folder (meta.json kind planner/target)") -> None:
+    """--checkpoint | --engines | --preset (+ --random-init): what a command runs; --backend, --kv-buckets."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", type=Path, help=checkpoint_help)
     src.add_argument("--engines", type=Path, help="built engines folder (meta.json names the backend)")
     src.add_argument("--preset", help="random-weight models from configs/models/NAME.yaml (needs --random-init)")
     p.add_argument("--random-init", type=integer, metavar="SEED", help="seed of the random weights (with --preset)")
-    p.add_argument("--expect-fingerprint", metavar="SHA256", help="the folder's pinned fingerprint (64 hex, as "
-                   "printed at start): a folder that differs is refused (exit 2)")
+    p.add_argument("--expect-fingerprint", metavar="SHA256", help="the folder's pinned fingerprint (64 hex, as printed at start): a folder that differs is refused (exit 2)")
     p.add_argument("--backend", default=None, choices=list(BACKENDS))
-
-
-KV_BUCKETS = {"auto": None, "on": True, "off": False}
-
-
-def add_kv_buckets(p: argparse.ArgumentParser) -> None:
-    """--kv-buckets: the torch backend's attention over a kv-length bucket of the cache."""
-    p.add_argument("--kv-buckets", choices=list(KV_BUCKETS), default="auto",
-                   help="torch backend: attend over the smallest of 256, 512, .. max_len cache rows a call "
-                        "needs, with fused projections (auto: on CUDA; off: every row, the reference forward)")
+    p.add_argument("--kv-buckets", action=argparse.BooleanOptionalAction, help="torch: attend over the smallest "
+                   "of 256, 512, .. max_len cache rows a call needs (default: on CUDA; off: every row, the reference)")
 
 
 def model_source(args: argparse.Namespace) -> ModelSource:
@@ -119,7 +109,7 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     return ModelSource(engines=args.engines, checkpoint=args.checkpoint, preset=args.preset,
                        random_init=args.random_init, backend=args.backend, draft=getattr(args, "draft", None),
                        device=args.device, eager=args.eager, threads=args.threads,
-                       kv_buckets=KV_BUCKETS[getattr(args, "kv_buckets", "auto")],
+                       kv_buckets=getattr(args, "kv_buckets", None),
                        expect_fingerprint=getattr(args, "expect_fingerprint", None))
 
 

@@ -20,7 +20,7 @@ from bench.bench.drives.measure import DriveBenchConfig
 from bench.bench.measure import BenchConfig
 from core.config import ConfigError
 from scenes.config import DT, MAX_DRIVE_SECONDS, MAX_DRIVES
-from tools.argtypes import MAX_THREADS, add_kv_buckets, add_source_args, count, int_list, integer, model_source, out_file, tree_list
+from tools.argtypes import MAX_THREADS, add_source_args, count, int_list, integer, model_source, out_file, tree_list
 
 
 def add_parser(subparsers) -> None:
@@ -35,7 +35,6 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "with --preset any of self, noised:SIGMA, routine (default self,noised:0.02)")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
-    add_kv_buckets(p)
     p.add_argument("--profile", default="cpu", help="planner profile configs/planner/NAME.yaml or a YAML path")
     p.add_argument("--ks", type=int_list(), default=(4, 8), help="fixed draft lengths, comma separated (default 4,8)")
     p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-k modes")

@@ -34,7 +34,7 @@ timeout 100 $PY -m tools.cli bench --checkpoint checkpoints/tiny --device cuda -
     --threads 0 --json "$OUT/bench_cuda.json" 2>&1 | quiet | tee "$OUT/bench_cuda.txt"
 
 step "2b. bench, CUDA graphs, kv buckets off (every call over all max_len cache rows: the A/B of 2)"
-timeout 50 $PY -m tools.cli bench --checkpoint checkpoints/tiny --device cuda --kv-buckets off --scenes 8 --repeats 2 \
+timeout 50 $PY -m tools.cli bench --checkpoint checkpoints/tiny --device cuda --no-kv-buckets --scenes 8 --repeats 2 \
     --seed 0 --ks 8 --no-adaptive --threads 0 --json "$OUT/bench_cuda_full_kv.json" 2>&1 | quiet | tee "$OUT/bench_cuda_full_kv.txt"
 
 step "3. bench, eager CUDA"

@@ -14,7 +14,7 @@ from pathlib import Path
 from bench.common.sources import SceneSource
 from bench.plan import command as plan
 from runtime.config import DECODING, TRAJECTORY_SOURCES
-from tools.argtypes import add_kv_buckets, add_source_args, count, finite_ms, integer, model_source, out_folder
+from tools.argtypes import add_source_args, count, finite_ms, integer, model_source, out_folder
 
 
 def add_parser(subparsers) -> None:
@@ -37,7 +37,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--split", default="test", help="split of the synthetic scenes or the dataset")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA, tensorrt backend)")
-    add_kv_buckets(p)
     p.add_argument("--threads", type=count(0), default=1, help="CPU threads of torch or onnxruntime (default 1: "
                    "steady on a shared CPU, see bench/common/threads.py; 0 = the library's default)")
     p.add_argument("--warmup", type=count(0), default=1, help="unlogged warm-up cycles on the first scene "

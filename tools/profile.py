@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from bench.profile import command as profiling
-from tools.argtypes import add_kv_buckets, add_source_args, count, integer, model_source, out_folder
+from tools.argtypes import add_source_args, count, integer, model_source, out_folder
 
 
 def add_parser(subparsers) -> None:
@@ -26,7 +26,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=integer, default=0, help="first synthetic scene")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (torch backend on CUDA)")
-    add_kv_buckets(p)
     p.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (bench/common/threads.py)")
     p.add_argument("--no-nsys", action="store_true", help="record the ranges here even where nsys is")
     p.add_argument("--nvtx", action="store_true", help="also emit NVTX ranges (set for the child of nsys)")

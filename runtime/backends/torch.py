@@ -294,6 +294,10 @@ class TorchBackend(TorchTrees, Backend):
         """runtime/torch_step.py: the greedy step on the device, one read back."""
         return self.device_step.step(tokens, start, draft_tokens, draft_start, k, proposal, clock)
 
+    def warm_expert(self, request) -> None:
+        if self.graphs is not None:
+            self.graphs.warm_expert(request)
+
     @contextlib.contextmanager
     def action_scope(self):
         """No autograd; on CUDA the fallback's own stream, after the cache writes queued so far."""
@@ -313,6 +317,17 @@ class TorchBackend(TorchTrees, Backend):
     def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         ec, r = self.expert_model.cfg, request      # the noise of every backend: numpy, on the host
         noise = torch.from_numpy(expert_noise(seed, r.samples, ec.n_waypoints, ec.action_dim)).to(self.device)
+        if self.graphs is not None:                 # every draw and Euler step in one static call
+            return self.link.down(self.graphs.expert(rows, v0, noise, r)[0][0].float())
+        if self.kv_buckets:                         # the graphs' computation, eagerly: the same rounding
+            if not 1 <= rows <= self.max_len:
+                raise ValueError(f"torch backend: expert over {rows} cache rows; allowed 1..max_len={self.max_len}")
+            dev = self.device
+            wp, _ = self.expert_model.sample_bucketed(
+                self.cache, self.kv(0, rows), torch.tensor([rows], device=dev), torch.tensor([v0], device=dev),
+                r.steps or ec.euler_steps, rope_delta=torch.tensor([self.delta], device=dev), noise=noise,
+                samples=r.samples, combine=r.combine)
+            return self.link.down(wp[0].float())
         wp, _ = self.expert_model.sample(self.cache, rows, torch.tensor([v0], device=self.device), r.steps,
                                          rope_delta=self.delta, noise=noise, samples=r.samples, combine=r.combine)
         return self.link.down(wp[0].float())

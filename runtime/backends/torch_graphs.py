@@ -22,6 +22,8 @@ class StaticRunner:
     def __init__(self, be, capture: bool):
         self.be, self.capture, self.graphs, self.capturing = be, capture, {}, False
         self.start_buf = torch.zeros(1, dtype=torch.long, device=be.device)
+        self.expert_in = torch.zeros(2, dtype=torch.long, device=be.device)     # cache rows, rope delta
+        self.expert_v0 = torch.zeros(1, dtype=torch.float32, device=be.device)
         rows = torch.arange(be.max_len, device=be.device)[None]
         self.text_cos, self.text_sin = be.target.rope(rows)        # (1, max_len, hd), pos = row
         if be.draft_kind == "routine" and be.cfg.draft.rope == "flat":
@@ -66,6 +68,45 @@ class StaticRunner:
                         self.be.draft(np.zeros(w, np.int64), start, 2)      # feed of w, then one chain step
         finally:
             self.capturing = False
+
+    def expert(self, rows: int, v0: float, noise: torch.Tensor, request):
+        """The expert's sample (every draw and Euler step) over cache rows [0, rows) in the bucket
+        of `rows` (every max_len row with kv buckets off), the rows past `rows` masked on the
+        device -> (waypoints (1, W, 3), actions). rows, v0 and rope delta go in by kernels."""
+        if not 1 <= rows <= self.be.max_len:
+            raise ValueError(f"torch backend: expert over {rows} cache rows; allowed 1..max_len={self.be.max_len}")
+        kv = self.be.kv(0, rows) or self.be.max_len
+        self.expert_in.fill_(rows)
+        self.expert_in[1] = self.be.delta
+        self.expert_v0.fill_(v0)
+        return self._run(self._expert_key(kv, request), self._expert_fn(kv, request),
+                         (noise, self.expert_v0, self.expert_in))
+
+    def warm_expert(self, request) -> None:
+        """Capture now (CUDA) the expert's graph of `request` in every kv bucket (rows of zeros:
+        what it reads is overwritten by the first cycle)."""
+        if not self.capture:
+            return
+        ec = self.be.expert_model.cfg
+        self.capturing = True
+        try:
+            for b in self.be.buckets():
+                noise = torch.zeros(request.samples, ec.n_waypoints, ec.action_dim, device=self.be.device)
+                self.expert(b, 0.0, noise, request)
+        finally:
+            self.capturing = False
+
+    def _expert_key(self, kv: int, request) -> tuple:
+        return ("expert", kv, request.samples, request.steps, request.combine)
+
+    def _expert_fn(self, kv: int, request):
+        model, cache = self.be.expert_model, self.be.cache
+        steps = request.steps or model.cfg.euler_steps
+
+        def run(noise, v0, lens):      # lens (2,): cache rows, rope delta
+            return model.sample_bucketed(cache, kv, lens[:1], v0, steps, rope_delta=lens[1:], noise=noise,
+                                         samples=request.samples, combine=request.combine)
+        return run
 
     def _start(self, start: int) -> torch.Tensor:
         """`start` as a (1,) device tensor, filled by a kernel (a host int is its argument: no copy)."""
