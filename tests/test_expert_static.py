@@ -99,7 +99,7 @@ def test_the_expert_graph_gives_the_eager_trajectory_on_gpu(drive):
         src = ModelSource(checkpoint=ROOT / "checkpoints" / "tiny", device="cuda", eager=eager, kv_buckets=kv)
         be, tok = open_backend(src, cfg.max_len, k_max=cfg.spec.k_max)
         return Planner(be, tok, cfg)
-    fast, ref = make(False, True), make(True, False)
+    fast, ref = make(False, True), make(True, True)      # graphed and eager: the same computation
     keys = set(fast.backend.graphs.graphs)
     assert {("expert", b, 4, 3, "mean") for b in fast.backend.buckets()} <= keys, sorted(keys)
     for c in drive.cycles:
