@@ -15,11 +15,9 @@ rows written by index, attention over the static cache under a mask). On CUDA wi
 every verify width, draft feed width (1..k_max+1) and the draft chain's step is captured as a
 CUDA graph of that forward when the backend is made (never inside a cycle), with `start` a
 device tensor; static=True runs the same on CPU (what the tests compare with
-eager). kv_buckets (on by default on CUDA): every call that attends over the cache reads only its
-first kv_bucket(start + width) rows (256, 512, ... max_len) through the models' inference path, with
-q/k/v and gate/up fused (models.layers), and the graphs are captured per (width, bucket); off, the
-reference forward attends over all max_len rows. Both are exact against plain decoding on the
-same backend (tests/test_kv_buckets.py). This module holds only what is backend-specific: buffers, streams and graphs. The
+eager). kv_buckets (default: on CUDA): calls over the cache read their kv_bucket(start + width)
+rows through the models' inference path, graphs per (width, bucket) (docs/architecture.md).
+This module holds only what is backend-specific: buffers, streams and graphs. The
 fallback expert runs on its own stream. Beside it: torch_trees.py (token trees), torch_graphs.py
 (the static runner and its CUDA graphs), torch_step.py (the greedy step on the device).
 """
@@ -317,16 +315,13 @@ class TorchBackend(TorchTrees, Backend):
     def expert(self, rows: int, v0: float, seed: int, request) -> np.ndarray:
         ec, r = self.expert_model.cfg, request      # the noise of every backend: numpy, on the host
         noise = torch.from_numpy(expert_noise(seed, r.samples, ec.n_waypoints, ec.action_dim)).to(self.device)
-        if self.graphs is not None:                 # every draw and Euler step in one static call
-            return self.link.down(self.graphs.expert(rows, v0, noise, r)[0][0].float())
-        if self.kv_buckets:                         # the graphs' computation, eagerly: the same rounding
+        if self.graphs is not None or self.kv_buckets:      # every draw and Euler step in one static call
             if not 1 <= rows <= self.max_len:
                 raise ValueError(f"torch backend: expert over {rows} cache rows; allowed 1..max_len={self.max_len}")
-            dev = self.device
-            wp, _ = self.expert_model.sample_bucketed(
-                self.cache, self.kv(0, rows), torch.tensor([rows], device=dev), torch.tensor([v0], device=dev),
-                r.steps or ec.euler_steps, rope_delta=torch.tensor([self.delta], device=dev), noise=noise,
-                samples=r.samples, combine=r.combine)
+            if self.graphs is not None:
+                return self.link.down(self.graphs.expert(rows, v0, noise, r)[0][0].float())
+            lens = torch.tensor([rows, self.delta], device=self.device)   # eagerly: the graphs' rounding
+            wp, _ = self.expert_forward(self.kv(0, rows), r)(noise, torch.tensor([v0], device=self.device), lens)
             return self.link.down(wp[0].float())
         wp, _ = self.expert_model.sample(self.cache, rows, torch.tensor([v0], device=self.device), r.steps,
                                          rope_delta=self.delta, noise=noise, samples=r.samples, combine=r.combine)
@@ -345,6 +340,16 @@ class TorchBackend(TorchTrees, Backend):
         if self.draft_kind == "self":
             return self.draft_model(ids, cos, sin, self.draft_cache, start, tree=tree, kv_len=kv_len)[0], None
         return self.draft_model(ids, cos, sin, self.draft_cache, start, feat, tree=tree, kv_len=kv_len)
+
+    def expert_forward(self, kv: int, request):
+        """sample_bucketed over `kv` cache rows: (noise, v0 (1,), lens (2,): rows, rope delta) -> waypoints, actions."""
+        model = self.expert_model
+        steps = request.steps or model.cfg.euler_steps
+
+        def run(noise, v0, lens):
+            return model.sample_bucketed(self.cache, kv, lens[:1], v0, steps, rope_delta=lens[1:], noise=noise,
+                                         samples=request.samples, combine=request.combine)
+        return run
 
     # --- internals -----------------------------------------------------------------------------
     def kv(self, start: int, width: int) -> int | None:

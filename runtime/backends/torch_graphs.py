@@ -73,14 +73,12 @@ class StaticRunner:
         """The expert's sample (every draw and Euler step) over cache rows [0, rows) in the bucket
         of `rows` (every max_len row with kv buckets off), the rows past `rows` masked on the
         device -> (waypoints (1, W, 3), actions). rows, v0 and rope delta go in by kernels."""
-        if not 1 <= rows <= self.be.max_len:
-            raise ValueError(f"torch backend: expert over {rows} cache rows; allowed 1..max_len={self.be.max_len}")
         kv = self.be.kv(0, rows) or self.be.max_len
         self.expert_in.fill_(rows)
         self.expert_in[1] = self.be.delta
         self.expert_v0.fill_(v0)
-        return self._run(self._expert_key(kv, request), self._expert_fn(kv, request),
-                         (noise, self.expert_v0, self.expert_in))
+        key = ("expert", kv, request.samples, request.steps, request.combine)
+        return self._run(key, self.be.expert_forward(kv, request), (noise, self.expert_v0, self.expert_in))
 
     def warm_expert(self, request) -> None:
         """Capture now (CUDA) the expert's graph of `request` in every kv bucket (rows of zeros:
@@ -88,25 +86,13 @@ class StaticRunner:
         if not self.capture:
             return
         ec = self.be.expert_model.cfg
+        noise = torch.zeros(request.samples, ec.n_waypoints, ec.action_dim, device=self.be.device)
         self.capturing = True
         try:
             for b in self.be.buckets():
-                noise = torch.zeros(request.samples, ec.n_waypoints, ec.action_dim, device=self.be.device)
                 self.expert(b, 0.0, noise, request)
         finally:
             self.capturing = False
-
-    def _expert_key(self, kv: int, request) -> tuple:
-        return ("expert", kv, request.samples, request.steps, request.combine)
-
-    def _expert_fn(self, kv: int, request):
-        model, cache = self.be.expert_model, self.be.cache
-        steps = request.steps or model.cfg.euler_steps
-
-        def run(noise, v0, lens):      # lens (2,): cache rows, rope delta
-            return model.sample_bucketed(cache, kv, lens[:1], v0, steps, rope_delta=lens[1:], noise=noise,
-                                         samples=request.samples, combine=request.combine)
-        return run
 
     def _start(self, start: int) -> torch.Tensor:
         """`start` as a (1,) device tensor, filled by a kernel (a host int is its argument: no copy)."""
