@@ -32,7 +32,7 @@ help:
 	@echo "make demo     run the planner on a few scenes (CPU) and leave pictures in out/demo"
 	@echo "make test     install into .venv if needed, check import contracts and Python 3.10, run the test suite"
 	@echo "make train    reproduce checkpoints/tiny from scratch (~100 min on 2 CPU cores)"
-	@echo "make train-causal  the same target in the HF causal image layout -> runs/tiny-causal (for Edge-LLM, TensorRT-LLM)"
+	@echo "make train-causal  the same target in the HF causal image layout -> checkpoints/tiny-causal and its card (for Edge-LLM, TensorRT-LLM)"
 	@echo "make claims   the seed paper's claims measured with five seeds and seed-level intervals -> docs/claims-data.md"
 	@echo "make bench    speculative vs plain decoding on the shipped checkpoints -> out/bench"
 	@echo "make engines PROFILE=orin-fp16|orin-int8|thor-fp8|hopper-fp8  export -> calibrate -> TensorRT build"
@@ -102,7 +102,7 @@ train: $(STAMP)
 # The same target in the HF-exact causal image layout (the shipped one is frame-local), its flat
 # and EAGLE-3 drafts, and both targets evaluated on validation scenes (needs data/scenes and
 # runs/vision-tiny from `make train`; ~100 min on 2 CPU cores). It is what runtimes with their own
-# causal mask take (`specdrive export edgellm --checkpoint runs/tiny-causal`, TensorRT-LLM) and
+# causal mask take (`specdrive export edgellm`, which takes checkpoints/tiny-causal, TensorRT-LLM) and
 # what the approximate streaming mode runs on.
 train-causal: $(STAMP)
 	$(PY) -m tools.cli train sft --config configs/train/sft-causal.yaml
@@ -111,8 +111,9 @@ train-causal: $(STAMP)
 		--set run.out=runs/distill-tiny-causal
 	$(PY) -m tools.cli train ship --config configs/train/ship-causal.yaml
 	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml
-	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml --set planner=runs/tiny-causal \
+	$(PY) -m tools.cli train eval --config configs/train/eval-layouts.yaml --set planner=checkpoints/tiny-causal \
 		--set out=runs/eval-causal-val/metrics.json
+	$(PY) -m tools.cli train eval --config configs/train/eval-causal.yaml
 
 # The seed paper's claims on world v2 (docs/claims.md): five seeds of every draft variant and of
 # AARL's shipped recipe, then one evaluation on 200 scenes per split with seed-level intervals

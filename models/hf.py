@@ -231,7 +231,7 @@ def check_causal(cfg, where: str) -> None:
         raise ConfigError(f"{where}: this target's llm.image_attention is {cfg.llm.image_attention!r}; the "
                           "runtime this writes for builds a causal mask and would run it as another model. "
                           "Use specdrive's runtimes (torch, onnxruntime, tensorrt), or a causal-layout target "
-                          "(checkpoints/tiny-causal; `make train-causal` trains one into runs/tiny-causal)")
+                          "(checkpoints/tiny-causal, which `make train-causal` trains)")
 
 
 def save_hf(target: Target, path: str | Path) -> None:

@@ -96,9 +96,15 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
                                "data": {"dir": str(root / "scenes"), "max_scenes": 2},
                                "out": str(root / "metrics.json"), "card": str(root / "CARD.md"),
                                "vision_run": str(root / "vision"), "sft_run": str(root / "sft"), "distill_run": str(root / "distill"),
-                               "aarl_run": str(root / "aarl")})
+                               "aarl_run": str(root / "aarl"), "compare": [str(root / "metrics.json")],
+                               "commands": ["specdrive train eval --config X"]})
     evaluate.run(ecfg)
     card = (root / "CARD.md").read_text()
+    m = json.loads((root / "metrics.json").read_text())      # the card opens with its planner and stamp
+    assert card.startswith(f"# {shipped} — model card") and m["stamp"]["fingerprint"] in card.split("## ")[0]
+    assert m["image_attention"] == cfg.target.llm.image_attention      # side by side: one row per draft
+    assert f"| `{shipped}` | {m['image_attention']} | test | 2 |" in card.split("## Side by side")[1]
+    assert "specdrive train eval --config X" in card and "train distill" not in card.split("## Commands")[1]
     assert "vision pretraining: 2 steps" in card and "val scenes" in card
     assert "| test | draft-flat |" in card and "flat vs mrope" in card and "| 2 |" in card
     rew = json.loads((root / "metrics.json").read_text())["aarl_reward"]

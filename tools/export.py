@@ -25,8 +25,7 @@ def check_checkpoint(folder: Path) -> None:
     """A trained planner folder, or a ConfigError naming what is missing and where to get one."""
     if folder == CAUSAL and not folder.is_dir():
         raise ConfigError(f"--checkpoint defaults to {CAUSAL} (the causal twin of checkpoints/tiny), which is not "
-                          "in this tree; check it out, or train one with `make train-causal` and pass "
-                          "--checkpoint runs/tiny-causal")
+                          "in this tree; check it out, or train it with `make train-causal`")
     if not (folder / "tokenizer.json").is_file():
         raise ConfigError(f"--checkpoint {str(folder)!r} is not a trained planner folder (no tokenizer.json)")
 

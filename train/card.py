@@ -1,7 +1,12 @@
 """MODEL_CARD.md of a shipped planner, written from the evaluation's metrics.json and the run
 logs (every number in it comes from those files; nothing is typed in by hand).
 
-    write_card(metrics_json, card_md, runs={"sft": dir, "distill": dir, "aarl": dir})
+    write_card(metrics_json, card_md, runs={"sft": dir, "distill": dir, "aarl": dir},
+               commands=COMMANDS, compare=(metrics_a, metrics_b))
+
+The card opens with the metrics' stamp (core/stamp.py: the checkpoint's fingerprint, the command,
+date and commit). `compare` puts planners evaluated on the same scenes side by side (the causal
+twin against the shipped frame-local target, configs/train/eval-layouts.yaml).
 """
 from __future__ import annotations
 
@@ -215,15 +220,49 @@ def _per_scene(splits: dict) -> bool:
         any(s["drafts"] for s in splits.values())
 
 
-def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
+def stamp_note(stamp: dict | None, source) -> str:
+    """The line under a card's title: which checkpoint (fingerprint), command, date and commit made
+    the numbers of `source`."""
+    stamp = stamp or {}
+    fp, commit = stamp.get("fingerprint"), stamp.get("commit")
+    return (f"*Numbers from `{source}`, written by `{stamp.get('command')}` on {stamp.get('date')}"
+            + (f" at commit {commit[:10]}" + (" (with local changes)" if stamp.get("dirty") else "") if commit else "")
+            + (f"; checkpoint `{stamp.get('checkpoint')}`, fingerprint `{fp}`.*" if fp else "; no checkpoint fingerprint.*"))
+
+
+def compare_lines(files) -> list[str]:
+    """Planners evaluated on the same split, side by side: target accuracy and ADE, and each one's
+    flat draft (tau at k = 8, alpha by class). One row per metrics file and split, each file's
+    stamp under the table."""
+    if not files:
+        return []
+    rows = ["| planner | image layout | split | scenes | cause | decision | cause and decision | ADE full CoC (m) | "
+            "draft | tau k=8 | alpha routine | alpha commitment |", "|" + "---|" * 12]
+    stamps = []
+    for f in files:
+        m = json.loads(Path(f).read_text())
+        layout = m.get("image_attention") or "-"
+        for name, s in m["splits"].items():
+            for d, n in (s["drafts"].items() or [("-", None)]):
+                rows.append(f"| `{m['planner']}` | {layout} | {name} | {s['scenes']} | {s['cause_acc']:.1%} | "
+                            f"{s['decision_acc']:.1%} | {s['commitment_acc']:.1%} | {s['ade']['full']:.2f} | {d} | "
+                            + (f"{n['tau_k8']:.2f} | {n['alpha_routine']:.1%} | {n['alpha_commitment']:.1%} |" if n
+                               else "- | - | - |"))
+        stamps.append(f"- `{f}`: " + stamp_note(m.get("stamp"), f).strip("*"))
+    return [*rows, "", *stamps]
+
+
+def write_card(metrics_json, card_md, runs: dict, notes=(), commands: str = COMMANDS, compare=()) -> str:
     m = json.loads(Path(metrics_json).read_text())
     splits = m["splits"]
     sft_log = _log(runs.get("sft", ""))
     seeds, seed_stats = seed_summary(splits["test"], m["k"]) if "test" in splits else ([], {})
-    lines = ["# checkpoints/tiny — model card", "",
+    lines = [f"# {m.get('planner') or Path(card_md).parent.name} — model card", "",
+             stamp_note(m.get("stamp"), metrics_json), "",
              "A tiny Alpamayo-R1-style planner trained from scratch on specdrive's synthetic world "
              "(2 CPU cores). Every number below is produced by the commands at the end; "
              f"metrics file: `{metrics_json}` (k = {m['k']}).", "",
+             *(["## Side by side, on the same scenes", "", *compare_lines(compare), ""] if compare else []),
              "## Goals of the issue, measured", "", *goal_lines(splits, seed_stats, m.get("aarl_reward")), "",
              "## Training actually done", "",
              *vision_lines(runs.get("vision", "")),
@@ -259,6 +298,6 @@ def write_card(metrics_json, card_md, runs: dict, notes=()) -> str:
              *aarl_lines(_log(runs.get("aarl", ""))), "",
              *(claims_report.sections(splits, Path(card_md).parent, ".") if _per_scene(splits) else []),
              *(["## Notes", "", *[f"- {n}" for n in notes], ""] if notes else []),
-             "## Commands", "", "```", COMMANDS, "```", ""]
+             "## Commands", "", "```", commands, "```", ""]
     Path(card_md).write_text("\n".join(lines))
     return str(card_md)

@@ -231,6 +231,8 @@ class EvalConfig:
     claims: str = ""               # markdown of the claims tables and pictures (train.claims_report; "" = none)
     notes: tuple[str, ...] = ()    # facts about the runs the numbers cannot show (written into the card)
     card: str = ""                 # MODEL_CARD.md to write from the metrics and the run logs ("" = none)
+    commands: tuple[str, ...] = ()  # the card's "Commands" (default: the shipped checkpoint's, train.card.COMMANDS)
+    compare: tuple[str, ...] = ()   # metrics files of planners on the same scenes, side by side in the card
     vision_run: str = "runs/vision-tiny"
     sft_run: str = "runs/sft-tiny"
     distill_run: str = "runs/distill-tiny"

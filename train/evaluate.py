@@ -264,7 +264,8 @@ def run(cfg: EvalConfig) -> str:
               for name in cfg.drafts if (_draft_path(cfg.planner, name) / "meta.json").is_file()}
     from core.stamp import results_stamp
 
-    results = {"stamp": results_stamp(cfg.planner), "planner": cfg.planner, "k": cfg.k, "splits": {}}
+    results = {"stamp": results_stamp(cfg.planner), "planner": cfg.planner, "k": cfg.k,
+               "image_attention": model_cfg.target.llm.image_attention, "splits": {}}
     for split in cfg.splits:
         results["splits"][split] = evaluate_split(cfg, split, tok, model_cfg, target, expert, drafts)
         print(split, json.dumps(results["splits"][split]), flush=True)
@@ -288,5 +289,6 @@ def card(cfg: EvalConfig) -> str:
     if not Path(cfg.out).is_file():
         raise ConfigError(f"card: metrics file {cfg.out} not found; run `specdrive train eval` with this config first")
     write_card(cfg.out, cfg.card, {"vision": cfg.vision_run, "sft": cfg.sft_run, "distill": cfg.distill_run,
-                                   "aarl": cfg.aarl_run}, cfg.notes)
+                                   "aarl": cfg.aarl_run}, cfg.notes,
+               **({"commands": "\n".join(cfg.commands)} if cfg.commands else {}), compare=cfg.compare)
     return cfg.card
