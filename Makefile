@@ -117,7 +117,8 @@ train-causal: $(STAMP)
 
 # The seed paper's claims on world v2 (docs/claims.md): five seeds of every draft variant and of
 # AARL's shipped recipe, then one evaluation on 200 scenes per split with seed-level intervals
-# (~100 min on 2 CPU cores; needs data/scenes and runs/sft-tiny from `make train`).
+# (~100 min on 2 CPU cores; needs data/scenes (`make scenes`); the drafts are trained against the
+# shipped target, checkpoints/tiny).
 claims: $(STAMP)
 	PY=$(PY) bash configs/train/claims.sh
 

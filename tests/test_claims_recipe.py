@@ -40,7 +40,7 @@ template = json.loads(Path({draft_meta!r}).read_text())
 
 def trained(folder):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "meta.json").write_text(json.dumps(template | {{"target_sha256": target_sha256("runs/sft-tiny/ckpt")}}))
+    (folder / "meta.json").write_text(json.dumps(template | {{"target_sha256": target_sha256("checkpoints/tiny")}}))
 
 
 sets = dict(a.split("=", 1) for a in args[args.index("--set") + 1::2]) if "--set" in args else {{}}
@@ -64,7 +64,7 @@ def run_claims(work: Path) -> list[str]:
 
 
 def test_make_claims_retrains_nothing_twice_and_everything_after_a_new_target(tmp_path):
-    target = tmp_path / "runs/sft-tiny/ckpt/target"
+    target = tmp_path / "checkpoints/tiny/target"
     target.mkdir(parents=True)
     (target / "meta.json").write_text((TINY / "target/meta.json").read_text())
     py = tmp_path / "py"
@@ -84,6 +84,6 @@ def test_make_claims_retrains_nothing_twice_and_everything_after_a_new_target(tm
     meta = json.loads((target / "meta.json").read_text())   # new target weights
     meta["modules"]["target"]["sha256"] = "0" * 64
     (target / "meta.json").write_text(json.dumps(meta))
-    assert target_sha256(tmp_path / "runs/sft-tiny/ckpt") == "0" * 64
+    assert target_sha256(tmp_path / "checkpoints/tiny") == "0" * 64
     assert run_claims(tmp_path) == everything
     assert run_claims(tmp_path) == ["train eval"]

@@ -81,7 +81,7 @@ RUNS = {
                    ("out/profile/stats.json", "out/profile/roofline_cpu.json")),
     "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",),
                   unkept=PER_CYCLE.format("bootstrap intervals over the per-scene records of every seed")
-                  + "; `make claims` needs runs/sft-tiny from `make train`"),
+                  + "; `make claims` needs data/scenes (`make scenes`), about 100 min on 2 cores"),
     "projection": Run(tuple(f"specdrive roofline --preset {p} --device orin-agx-64 --precision int8 --k 8 --tau {t}"
                             f"{f' --draft-vocab {h}' if h else ''} --json out/roofline/claims_{p}_{h}_{t}.json"
                             for p, h, t in PROJECTION),

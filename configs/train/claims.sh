@@ -7,7 +7,7 @@
 # (target_sha256): a re-run over an old runs/ folder trains again what a new target made stale.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
-TARGET=runs/sft-tiny/ckpt
+TARGET=checkpoints/tiny      # the shipped target (its SFT run's weights): no `make train` needed
 current() { $PY -m train.ckpt "$1" $TARGET; }
 current runs/claims-distill/flat-standalone-s4/ckpt/draft-flat-standalone && \
 current runs/claims-distill/mrope-standalone-s4/ckpt/draft-mrope-standalone || \
@@ -15,7 +15,7 @@ current runs/claims-distill/mrope-standalone-s4/ckpt/draft-mrope-standalone || \
 aarl() {  # NAME SEED [overrides...]
   local name=$1 seed=$2; shift 2
   current runs/claims-aarl/$name/ckpt/draft-flat-aarl && return 0
-  $PY -m tools.cli train aarl --config configs/train/aarl.yaml \
+  $PY -m tools.cli train aarl --config configs/train/aarl.yaml --set target=$TARGET \
     --set draft=runs/claims-distill/flat-s$seed/ckpt/draft-flat --set run.seed=$seed \
     --set run.out=runs/claims-aarl/$name "$@"
 }
