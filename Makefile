@@ -6,11 +6,14 @@
 #           make test TORCH=/path/to/torch-2.5.0a0+...-linux_aarch64.whl
 #         or TORCH= VENV_FLAGS=--system-site-packages to reuse the system's torch.
 # ORT     which ONNX Runtime extra: ort-cpu (default) or ort-gpu. Never both.
+# TEST_JOBS  pytest worker processes of `make test` (pytest-xdist; each test file runs whole in one
+#         worker, torch on one thread in each): 2 for a 2-core machine; 0 runs in this process.
 PYTHON     ?= python3
 VENV       ?= .venv
 VENV_FLAGS ?=
 TORCH      ?= torch==2.13.0
 ORT        ?= ort-cpu
+TEST_JOBS  ?= 2
 EXTRAS     ?= torch,$(ORT),plots,quant,dev
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
@@ -77,7 +80,7 @@ edgellm:
 	@$(MAKE) --no-print-directory $(EDGELLM_STAMP) || echo "make edgellm: $(EDGELLM) did not install; tests/test_edgellm.py will skip"
 
 test: lint edgellm
-	$(PY) -m pytest -rs
+	OMP_NUM_THREADS=1 $(PY) -m pytest -rs -n $(TEST_JOBS) --dist loadfile
 
 demo: $(STAMP)
 	$(PY) -m tools.cli demo --out out/demo

@@ -26,19 +26,36 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+def once_per_run(tmp_path_factory, name: str, make):
+    """A session fixture's folder made once per test run: `make(folder)` into a fresh temporary
+    folder; under pytest-xdist (`make test` runs two workers) into the run's folder that every
+    worker shares, the first worker making it under a file lock and the others reading it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp(name) / name
+        make(out)
+        return out
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent        # this run's folder (popen-gwN's parent)
+    out = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (shared / f"{name}.made").is_file():
+            make(out)
+            (shared / f"{name}.made").write_text("")
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_onnx(tmp_path_factory):
-    """checkpoints/tiny exported to ONNX once per session, for the cpu planner profile (about a
-    minute on 2 cores). Tests that change files copy it first (shutil.copytree)."""
+    """checkpoints/tiny exported to ONNX once per run, for the cpu planner profile (about four
+    minutes on one core). Tests that change files copy it first (shutil.copytree)."""
     from export import onnx as ex
     from runtime.config import load_planner_config
 
-    out = tmp_path_factory.mktemp("engines") / "tiny-ort"
     prof = load_planner_config("cpu")
-    ex.export_onnx(ROOT / "checkpoints" / "tiny", out, None,
-                   ex.ExportConfig(max_len=prof.max_len, k_max=8, samples=prof.trajectory_samples),
-                   progress=lambda *_: None)
-    return out
+    return once_per_run(tmp_path_factory, "tiny-ort", lambda out: ex.export_onnx(
+        ROOT / "checkpoints" / "tiny", out, None,
+        ex.ExportConfig(max_len=prof.max_len, k_max=8, samples=prof.trajectory_samples), progress=lambda *_: None))
 
 
 @pytest.fixture(scope="session")
