@@ -12,13 +12,13 @@ from pathlib import Path
 
 import yaml
 
-from train.ckpt import target_sha256
+from train.current import target_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "checkpoints" / "tiny"
 
 STAND_IN = r'''#!{python}
-"""python -m MODULE ARGS as claims.sh calls it: train.ckpt runs for real; tools.cli train ... is
+"""python -m MODULE ARGS as claims.sh calls it: train.current runs for real; tools.cli train ... is
 recorded in calls.log and leaves the draft folders the real command would."""
 import json, runpy, sys
 from pathlib import Path
@@ -26,13 +26,13 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, {repo!r})
-from train.ckpt import target_sha256
+from train.current import target_sha256
 
 args = sys.argv[1:]
 assert args[0] == "-m", args
-if args[1] == "train.ckpt":
-    sys.argv = ["train.ckpt", *args[2:]]
-    runpy.run_module("train.ckpt", run_name="__main__")
+if args[1] == "train.current":
+    sys.argv = ["train.current", *args[2:]]
+    runpy.run_module("train.current", run_name="__main__")
 with open("calls.log", "a") as f:
     f.write(" ".join(args[2:4]) + "\n")
 template = json.loads(Path({draft_meta!r}).read_text())

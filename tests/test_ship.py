@@ -69,8 +69,8 @@ def test_ship_refuses_a_draft_trained_against_other_target_weights_and_writes_no
 
 
 def test_a_draft_is_current_only_for_the_target_weights_it_records(tmp_path):
-    """configs/train/claims.sh re-trains what `python -m train.ckpt DRAFT TARGET` calls stale."""
-    from train.ckpt import main, trained_for
+    """configs/train/claims.sh re-trains what `python -m train.current DRAFT TARGET` calls stale."""
+    from train.current import main, trained_for
 
     assert trained_for(f"{TINY}/draft-flat", TINY) and main([f"{TINY}/draft-flat", TINY]) == 0
     old = tmp_path / "draft-flat"

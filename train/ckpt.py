@@ -22,6 +22,7 @@ from models.config import DraftConfig, ModelConfig
 from models.draft import Draft
 from core.config import ConfigError
 from prompt.draft_vocab import d2t_sha256
+from train.current import target_sha256, trained_for  # noqa: F401  (the drafts' target record)
 
 VARIANTS = {  # draft variant -> (rope, features)
     "flat": ("flat", "fused"), "mrope": ("mrope", "fused"),
@@ -29,32 +30,6 @@ VARIANTS = {  # draft variant -> (rope, features)
     "flat-aarl": ("flat", "fused"), "eagle3": ("flat", "fused"),
 }
 ARCHS = {"eagle3": "eagle3"}    # draft variant -> DraftConfig.arch (every other: "specdrive")
-
-
-def target_sha256(folder) -> str:
-    """The sha256 of the target weights in planner folder `folder` (its target/ meta.json)."""
-    return io.read_meta(io.scan_checkpoints(folder)[0]["target"]).modules["target"].sha256
-
-
-def trained_for(draft, target) -> bool:
-    """Whether the draft folder `draft` exists and its meta.json records the target weights of
-    planner folder `target` (a draft from before the record, or for other weights: False)."""
-    meta_file = Path(draft) / "meta.json"
-    if not meta_file.is_file():
-        return False
-    return io.read_meta(draft).extra.get("target_sha256") == target_sha256(target)
-
-
-def main(argv=None) -> int:
-    """python -m train.ckpt DRAFT TARGET: exit 0 when DRAFT was trained for TARGET's weights, 1
-    (saying why) when it must be trained again (configs/train/claims.sh)."""
-    import sys
-
-    draft, target = argv if argv is not None else sys.argv[1:]
-    if trained_for(draft, target):
-        return 0
-    print(f"{draft}: missing, or not trained for the weights of {target}; training it again")
-    return 1
 
 
 def variant_name(variant: str, vocab: int = 0) -> str:
@@ -83,7 +58,3 @@ def save_draft(folder, variant: str, cfg: ModelConfig, draft: Draft, extra: dict
     name = variant_name(variant, vocab)
     return io.save(Path(folder) / f"draft-{name}", {"draft": draft}, draft_config(cfg, variant, vocab),
                    {"kind": "draft", "variant": name, **extra})
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

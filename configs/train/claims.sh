@@ -8,7 +8,7 @@
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 TARGET=checkpoints/tiny      # the shipped target (its SFT run's weights): no `make train` needed
-current() { $PY -m train.ckpt "$1" $TARGET; }
+current() { $PY -m train.current "$1" $TARGET; }
 current runs/claims-distill/flat-standalone-s4/ckpt/draft-flat-standalone && \
 current runs/claims-distill/mrope-standalone-s4/ckpt/draft-mrope-standalone || \
   $PY -m tools.cli train distill --config configs/train/distill-claims.yaml
