@@ -7,13 +7,14 @@
 #         or TORCH= VENV_FLAGS=--system-site-packages to reuse the system's torch.
 # ORT     which ONNX Runtime extra: ort-cpu (default) or ort-gpu. Never both.
 # TEST_JOBS  pytest worker processes of `make test` (pytest-xdist; each test file runs whole in one
-#         worker, torch on one thread in each): 2 for a 2-core machine; 0 runs in this process.
+#         worker, torch on one thread in each). 3 on a 2-core machine: a worker waiting for the
+#         shared ONNX export or a subprocess leaves its core to another. 0 runs in this process.
 PYTHON     ?= python3
 VENV       ?= .venv
 VENV_FLAGS ?=
 TORCH      ?= torch==2.13.0
 ORT        ?= ort-cpu
-TEST_JOBS  ?= 2
+TEST_JOBS  ?= 3
 EXTRAS     ?= torch,$(ORT),plots,quant,dev
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.specdrive-installed
@@ -79,7 +80,10 @@ $(EDGELLM_STAMP): Makefile
 edgellm:
 	@$(MAKE) --no-print-directory $(EDGELLM_STAMP) || echo "make edgellm: $(EDGELLM) did not install; tests/test_edgellm.py will skip"
 
-test: lint edgellm
+# The two environments install side by side (pip waits on disk and network as much as on a core).
+test:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) edgellm
+	@$(MAKE) --no-print-directory lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -rs -n $(TEST_JOBS) --dist loadfile
 
 demo: $(STAMP)

@@ -28,7 +28,7 @@ if os.environ.get("CI"):
 
 def once_per_run(tmp_path_factory, name: str, make):
     """A session fixture's folder made once per test run: `make(folder)` into a fresh temporary
-    folder; under pytest-xdist (`make test` runs two workers) into the run's folder that every
+    folder; under pytest-xdist (`make test` runs several workers) into the run's folder that every
     worker shares, the first worker making it under a file lock and the others reading it."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         out = tmp_path_factory.mktemp(name) / name
