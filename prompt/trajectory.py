@@ -35,24 +35,43 @@ def _check(poses: np.ndarray, shape: tuple, what: str) -> np.ndarray:
     return poses
 
 
+def history_bins(poses) -> tuple[np.ndarray, np.ndarray]:
+    """(..., 16, 3) poses -> ((..., 48) bins, (...) the first pose (walking back from t0) whose delta
+    the bins cannot hold, -1 where every pose fits). Element for element the same arithmetic as
+    encode_history, so a batch of histories (every cycle of a drive) is checked in one call."""
+    poses = np.array(poses, dtype=np.float64)
+    poses[..., 2] = np.unwrap(poses[..., 2], axis=-1)
+    half = HIST_BINS // 2
+    batch = poses.shape[:-2]
+    bins = np.zeros(batch + (HIST_POSES, 3), dtype=np.int64)
+    bad = np.full(batch, -1, dtype=np.int64)
+    rebuilt = np.zeros(batch + (3,))
+    for i in range(HIST_POSES - 1, -1, -1):     # t0 first, walking back in time
+        q = np.rint((poses[..., i, :] - rebuilt) / HIST_STEP).astype(np.int64)
+        out = ((q < -half) | (q >= half)).any(axis=-1)
+        bad = np.where(out & (bad < 0), i, bad)
+        rebuilt = rebuilt + q * HIST_STEP
+        bins[..., i, :] = q + half
+    return bins.reshape(batch + (HIST_POSES * 3,)), bad
+
+
 def encode_history(poses) -> np.ndarray:
     """(16, 3) poses -> (48,) bins in [0, HIST_BINS), oldest pose first."""
     poses = _check(poses, (HIST_POSES, 3), "ego history")
-    poses = poses.copy()
-    poses[:, 2] = np.unwrap(poses[:, 2])
-    half = HIST_BINS // 2
-    bins = np.zeros((HIST_POSES, 3), dtype=np.int64)
-    rebuilt = np.zeros(3)
-    for i in range(HIST_POSES - 1, -1, -1):     # t0 first, walking back in time
-        q = np.rint((poses[i] - rebuilt) / HIST_STEP).astype(np.int64)
-        if (q < -half).any() or (q >= half).any():
-            raise TrajectoryRangeError(
-                f"ego history pose {i} moves {np.round(poses[i] - rebuilt, 3).tolist()} from the next pose; "
-                f"allowed per 0.1 s: |dx| < {half * HIST_STEP[0]:.2f} m, |dy| < {half * HIST_STEP[1]:.2f} m, "
-                f"|dheading| < {half * HIST_STEP[2]:.3f} rad")
-        rebuilt = rebuilt + q * HIST_STEP
-        bins[i] = q + half
-    return bins.reshape(-1)
+    bins, bad = history_bins(poses)
+    if bad >= 0:
+        i, half = int(bad), HIST_BINS // 2
+        q = bins.reshape(HIST_POSES, 3) - half
+        rebuilt = np.zeros(3)
+        for j in range(HIST_POSES - 1, i, -1):   # the chain as it stood when pose i broke it
+            rebuilt = rebuilt + q[j] * HIST_STEP
+        pose = poses.copy()
+        pose[:, 2] = np.unwrap(pose[:, 2])
+        raise TrajectoryRangeError(
+            f"ego history pose {i} moves {np.round(pose[i] - rebuilt, 3).tolist()} from the next pose; "
+            f"allowed per 0.1 s: |dx| < {half * HIST_STEP[0]:.2f} m, |dy| < {half * HIST_STEP[1]:.2f} m, "
+            f"|dheading| < {half * HIST_STEP[2]:.3f} rad")
+    return bins
 
 
 def saturate_history(poses) -> tuple[np.ndarray, bool]:
@@ -75,6 +94,16 @@ def decode_history(bins) -> np.ndarray:
     q = np.asarray(bins, dtype=np.int64).reshape(HIST_POSES, 3) - HIST_BINS // 2
     deltas = q * HIST_STEP                       # deltas[i]: pose i minus pose i+1 (pose 16 = origin)
     return np.cumsum(deltas[::-1], axis=0)[::-1].astype(np.float32)
+
+
+def future_fits(waypoints) -> np.ndarray:
+    """(..., 64, 2 or 3) waypoints -> (...) bool: every waypoint finite and inside the bins
+    (encode_future's test, element for element, on a batch)."""
+    wp = np.asarray(waypoints, dtype=np.float64)[..., :2]
+    bx = np.floor((wp[..., 0] - FUT_X_MIN) / FUT_X_STEP)
+    by = np.floor((wp[..., 1] - FUT_Y_MIN) / FUT_Y_STEP)
+    inside = (bx >= 0) & (bx < FUT_X_BINS) & (by >= 0) & (by < FUT_Y_BINS)
+    return (inside & np.isfinite(wp).all(axis=-1)).all(axis=-1)
 
 
 def encode_future(waypoints) -> np.ndarray:

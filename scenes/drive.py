@@ -66,8 +66,10 @@ def simulate_scenario(scen) -> Run:
 
 
 def to_ego(poses: np.ndarray, origin) -> np.ndarray:
-    """World (..., 3) poses -> the ego frame at `origin` (x forward, y left, heading wrapped)."""
-    x0, y0, th0 = origin
+    """World (..., 3) poses -> the ego frame at `origin` (x forward, y left, heading wrapped);
+    `origin` is one pose (3,) or one per batch row, broadcasting against `poses[..., 0]`."""
+    origin = np.asarray(origin)
+    x0, y0, th0 = origin[..., 0], origin[..., 1], origin[..., 2]
     c, s = np.cos(th0), np.sin(th0)
     dx, dy = poses[..., 0] - x0, poses[..., 1] - y0
     th = np.angle(np.exp(1j * (poses[..., 2] - th0)))

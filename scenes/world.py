@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prompt.trajectory import TrajectoryRangeError, encode_future, encode_history
+from prompt.trajectory import FUT_WAYPOINTS, HIST_POSES, future_fits, history_bins
 from scenes import events, families
 from scenes.checks import first_collision, limit_violation
 from scenes.config import (DRIVE_SECONDS, FAMILIES, FRAME_OFFSETS, MAX_DRIVE_SECONDS, SPLITS, TIMES,
@@ -109,13 +109,23 @@ def make_drive(seed: int, family: str | None = None, split: str = "train", secon
 def _valid(scen, run) -> bool:
     if limit_violation(run.poses) or first_collision(run.poses, scen.agents):
         return False
-    for n in cycle_steps(MAX_DRIVE_SECONDS):
-        try:
-            encode_history(history_at(run.poses, n))
-            encode_future(to_ego(run.poses[n + 1: n + 65], run.poses[n]))
-        except TrajectoryRangeError:
-            return False
-    return True
+    return _cycles_fit_tokens(run.poses)
+
+
+def _cycles_fit_tokens(poses: np.ndarray) -> bool:
+    """Whether the history and future of every cycle of the longest drive fit the trajectory
+    tokens: encode_history(history_at(poses, n)) and encode_future(future at n) for every n, all
+    cycles in one batch (the same arithmetic element for element; tests/test_scenes_world.py
+    holds it to the per-cycle calls)."""
+    steps = cycle_steps(MAX_DRIVE_SECONDS)
+    if steps.min() - HIST_POSES + 1 < 0 or steps.max() + FUT_WAYPOINTS >= len(poses):
+        return False
+    origin = poses[steps][:, None, :]                                         # (C, 1, 3)
+    hist = to_ego(poses[steps[:, None] + np.arange(1 - HIST_POSES, 1)], origin).astype(np.float32)
+    future = to_ego(poses[steps[:, None] + np.arange(1, FUT_WAYPOINTS + 1)], origin)
+    if not np.isfinite(hist).all():
+        return False
+    return bool((history_bins(hist)[1] < 0).all() and future_fits(future).all())
 
 
 def _drive(scen, run, seed, attempt, split, seconds, render, only) -> Drive:

@@ -343,3 +343,41 @@ def test_generate_refuses_a_file_another_dataset_and_values_out_of_range(tmp_pat
                          ({"workers": 0}, r"workers=0 is out of range; allowed \[1, 256\]")]:
         with pytest.raises(ConfigError, match=says):
             DriveConfig(**{"out": str(tmp_path / "new"), "drives": 1, "seconds": 1.0, **kwargs})
+
+
+def test_the_batched_token_check_equals_the_per_cycle_encoders():
+    """make_drive checks every cycle of the longest drive against the trajectory tokens in one
+    batch (scenes.world._cycles_fit_tokens): its verdict is the per-cycle encoders' on accepted and
+    rejected draws, and its history bins are theirs bit for bit."""
+    from prompt.trajectory import TrajectoryRangeError, encode_future, encode_history, history_bins
+    from scenes.config import MAX_DRIVE_SECONDS, ranges_for
+    from scenes.drive import cycle_steps, simulate_scenario, to_ego
+    from scenes.world import BUILDERS, _cycles_fit_tokens
+
+    def per_cycle(poses):
+        for n in cycle_steps(MAX_DRIVE_SECONDS):
+            try:
+                encode_history(history_at(poses, n))
+                encode_future(to_ego(poses[n + 1: n + 65], poses[n]))
+            except TrajectoryRangeError:
+                return False
+        return True
+
+    verdicts = []
+    for split in ("train", "unseen"):
+        for i in range(40):
+            seed = scene_seed(5, split, i)
+            scen = BUILDERS[pick_family(seed, split)](np.random.default_rng([seed, 0]), ranges_for(split))
+            poses = simulate_scenario(scen).poses
+            verdicts.append((per_cycle(poses), _cycles_fit_tokens(poses)))
+            if verdicts[-1][0]:
+                steps = cycle_steps(MAX_DRIVE_SECONDS)[::17]
+                batch = np.stack([history_at(poses, int(n)) for n in steps])
+                assert np.array_equal(history_bins(batch)[0], np.stack([encode_history(h) for h in batch]))
+    assert all(a == b for a, b in verdicts), verdicts
+    assert {a for a, _ in verdicts} == {True, False}, "the draws must include rejected ones"
+    # a history no bin holds is named by both
+    fast = np.zeros((16, 3)); fast[:, 0] = np.arange(-15, 1) * 4.0
+    assert history_bins(fast)[1] == 14
+    with pytest.raises(TrajectoryRangeError, match="ego history pose 14 moves"):
+        encode_history(fast)
