@@ -51,7 +51,7 @@ from models.draft import Draft
 from models.layers import tree_mask
 from core.config import ConfigError, file_sha256, to_dict
 from prompt.draft_vocab import d2t_sha256
-from core.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_PREFILL, FEATS,
+from core.graphs import (ACTION_OUTPUT, ACTION_VELOCITY, DRAFT_CHAIN, DRAFT_FEED, DRAFT_GRAPHS, DRAFT_PREFILL, FEATS,
                            IMAGE_BLOCKS, PREFILL, SHAPES, STEP, STEP_TREE, VISION, VISION_FRAME, graph_io as declared_io)
 from core.artifacts import OPSET, ActionShapes, DraftVocab, EnginesMeta, ExportSource, Graph, LlmDims, PromptShapes, \
     TensorSpec, VisionDims
@@ -213,9 +213,12 @@ class ExportConfig:
             raise ConfigError(f"draft_map {self.draft_map!r}: allowed {list(DRAFT_MAPS)}")
 
 
-def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfig, progress=print) -> EnginesMeta:
+def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfig, progress=print,
+                reuse: Path | None = None) -> EnginesMeta:
     """Export every graph of the folder's target, expert and one draft to `out`; -> its meta.json
-    (as the runtime reads it)."""
+    (as the runtime reads it). `reuse`: an earlier fp32 export of the same target and expert with
+    the same shapes (reusable_graphs checks every fact the graphs follow from); its target and
+    expert graphs are copied, so only the draft's graphs are exported (seconds, not minutes)."""
     tok, mcfg, target, expert = io.load_planner(checkpoint)
     models, drafts = io.scan_checkpoints(checkpoint)
     name = draft or ("flat" if "flat" in drafts else next(iter(drafts), None))
@@ -229,7 +232,16 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
     graphs = {}
     host_map = bool(mcfg.draft.vocab) and cfg.draft_map == "host"
     rope = rope_facts(mcfg)
+    reused = {}
+    if reuse is not None:
+        reused = reusable_graphs(Path(reuse), models, mcfg, cfg, shapes, tok, rope)
     for gname, module, args, names, dyn in _graphs(target, expert, dmodel, fused, layers, shapes, cfg, host_map):
+        if gname in reused:
+            if Path(reuse).resolve() != out.resolve():
+                shutil.copy(Path(reuse) / reused[gname].file, out / reused[gname].file)
+            graphs[gname] = reused[gname]
+            progress(f"reused {gname}.onnx from {reuse}")
+            continue
         t0 = time.perf_counter()
         graphs[gname] = _export(module.eval(), args, names, dyn, out / f"{gname}.onnx", rope)
         progress(f"exported {gname}.onnx ({time.perf_counter() - t0:.1f} s)")
@@ -238,6 +250,55 @@ def export_onnx(checkpoint: Path, out: Path, draft: str | None, cfg: ExportConfi
                  draft_vocab_card(dmodel, cfg.draft_map))
     meta.write(out)
     return meta
+
+
+def reusable_graphs(folder: Path, models: dict, mcfg, cfg: ExportConfig, shapes: dict, tok, rope: dict) -> dict:
+    """{name: Graph} of the target and expert graphs an earlier export in `folder` holds, when every
+    fact they follow from is this export's: the target and expert weights (their modules' sha256),
+    the tokenizer, max_len, k_max, the prompt, vision and action shapes, the target's dimensions,
+    the draft's feature wiring (a fused draft's layers change the target graphs' outputs) and the
+    rotary facts stamped in each graph. A ConfigError names every fact that differs; a graph file
+    whose sha256 is not the one its meta.json records is refused."""
+    import onnx
+
+    from core.artifacts import read_engines_meta
+
+    old = read_engines_meta(folder)
+    where = f"--reuse {folder}"
+    if old.precision != {"*": "fp32"} or old.fp32_graphs:
+        raise ConfigError(f"{where}: its graphs are {old.precision} (calibrated); reuse takes an fp32 export")
+    fused = mcfg.draft.features == "fused"
+    want = {
+        "target weights": {k: v.sha256 for k, v in io.read_meta(models["target"]).modules.items()},
+        "expert weights": {k: v.sha256 for k, v in io.read_meta(models["expert"]).modules.items()},
+        "tokenizer": tok.fingerprint, "max_len": cfg.max_len, "k_max": cfg.k_max,
+        **_shape_facts(mcfg, cfg, shapes),
+        "draft features": (mcfg.draft.features, list(mcfg.draft.feature_layers) if fused else [])}
+    sources = old.source.models if old.source else {}
+    have = {
+        "target weights": sources.get("target", {}).get("modules"),
+        "expert weights": sources.get("expert", {}).get("modules"),
+        "tokenizer": old.tokenizer_sha256, "max_len": old.max_len, "k_max": old.k_max, "prompt": old.prompt,
+        "vision": old.vision, "target": old.target, "action": old.action,
+        "draft features": (old.draft_features, list(old.raw.get("feature_layers") or []))}
+    differ = [k for k in want if want[k] != have[k]]
+    if differ:
+        raise ConfigError(f"{where}: its graphs were exported for other facts ({', '.join(differ)}); "
+                          "reuse takes an export of the same target and expert with the same shapes")
+    out = {}
+    stamp = json.dumps(rope, sort_keys=True)
+    for name, g in old.graphs.items():
+        if name in DRAFT_GRAPHS:
+            continue
+        path = Path(folder) / g.file
+        if file_sha256(path) != g.sha256:
+            raise ConfigError(f"{where}: {g.file} is not the file its meta.json records (sha256 differs)")
+        props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        if props.get(ROPE_KEY) != stamp:
+            raise ConfigError(f"{where}: {g.file} was exported for other rotary facts ({ROPE_KEY}); "
+                              "reuse takes an export whose draft has the same rope")
+        out[name] = g
+    return out
 
 
 def _shapes(mcfg, cfg: ExportConfig, tok) -> dict:
@@ -407,19 +468,23 @@ def _meta(out, checkpoint, models, draft_dir, name, mcfg, cfg: ExportConfig, sha
     for kind, folder in {**models, "draft": draft_dir}.items():
         m = io.read_meta(folder)
         sources[kind] = {"folder": str(folder), "modules": {k: v.sha256 for k, v in m.modules.items()}}
-    t, e, fused = mcfg.target, mcfg.expert, mcfg.draft.features == "fused"
+    fused = mcfg.draft.features == "fused"
     return EnginesMeta.new(
         out, max_len=cfg.max_len, k_max=cfg.k_max, draft=name, draft_features=mcfg.draft.features,
         draft_rope=mcfg.draft.rope, feature_layers=list(mcfg.draft.feature_layers) if fused else [],
-        tokenizer_sha256=tok.fingerprint,
-        prompt=PromptShapes(cfg.cameras, cfg.frames, tuple(cfg.image_hw), shapes["grid"], shapes["image_tokens"]),
-        vision=VisionDims(t.vision.patch, t.vision.temporal_patch, t.vision.merge),
-        target=dataclasses.replace(_dims(t.llm), vocab_size=t.llm.vocab_size, image_token_id=t.image_token_id,
-                                   image_attention=t.llm.image_attention),
-        draft_llm=_dims(mcfg.draft_llm()),
-        action=ActionShapes(e.euler_steps, cfg.samples, cfg.combine, e.n_waypoints, e.action_dim),
+        tokenizer_sha256=tok.fingerprint, **_shape_facts(mcfg, cfg, shapes), draft_llm=_dims(mcfg.draft_llm()),
         graphs=graphs, draft_vocab=draft_vocab, source=ExportSource(str(checkpoint), sources),
         model_config=to_dict(mcfg), torch=torch.__version__, created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def _shape_facts(mcfg, cfg: ExportConfig, shapes: dict) -> dict:
+    """The prompt, vision, target and action facts of an export (meta.json's fields of those names)."""
+    t, e = mcfg.target, mcfg.expert
+    return {"prompt": PromptShapes(cfg.cameras, cfg.frames, tuple(cfg.image_hw), shapes["grid"], shapes["image_tokens"]),
+            "vision": VisionDims(t.vision.patch, t.vision.temporal_patch, t.vision.merge),
+            "target": dataclasses.replace(_dims(t.llm), vocab_size=t.llm.vocab_size, image_token_id=t.image_token_id,
+                                          image_attention=t.llm.image_attention),
+            "action": ActionShapes(e.euler_steps, cfg.samples, cfg.combine, e.n_waypoints, e.action_dim)}
 
 
 def _dims(llm) -> LlmDims:

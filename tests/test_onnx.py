@@ -313,3 +313,44 @@ def test_a_profile_whose_expert_draws_differ_from_the_export_is_refused(engines,
     cfg = dict(fallback="on_failure", euler_steps=2, trajectory_samples=8, max_len=512)
     with pytest.raises(ConfigError, match=word + ".*exported for 8 draws combined by 'mean'"):
         Planner(be, tok, PlannerConfig(**{**cfg, **change}))
+
+
+def test_reuse_exports_only_the_drafts_graphs_and_refuses_other_facts(tiny_onnx, tmp_path, capsys):
+    """`export onnx --reuse`: another draft of the same wiring (flat-v256 beside the shipped flat)
+    gets the earlier export's target and expert graphs byte for byte and its own draft graphs, and
+    plans speculative == plain; a draft whose target graphs differ (no features, another rope)
+    and a tampered graph are refused, naming why."""
+    from tools.cli import main
+
+    said = []
+    meta = ex.export_onnx(SHIPPED, tmp_path / "v256", "flat-v256", ex.ExportConfig(max_len=512, k_max=8, samples=8),
+                          progress=said.append, reuse=tiny_onnx)
+    base = json.loads((tiny_onnx / "meta.json").read_text())["graphs"]
+    for name, g in meta.graphs.items():
+        if name.startswith("draft_"):
+            assert f"exported {name}.onnx" in " ".join(said) and g.sha256 != base[name]["sha256"], name
+        else:
+            assert g.sha256 == base[name]["sha256"] == file_sha256(tmp_path / "v256" / g.file), name
+    assert meta.draft == "flat-v256" and meta.draft_vocab
+    plain = ort_planner(tmp_path / "v256", spec=SpecConfig(k=0, adaptive=False))[0]
+    spec = ort_planner(tmp_path / "v256", spec=SpecConfig(k=4, adaptive=False))[0]
+    for i in range(3):
+        s = make_scene(300 + i, split="test")
+        ref, r = plain.plan(s.images, s.history), spec.plan(s.images, s.history)
+        assert r.reasoning_ids == ref.reasoning_ids and np.array_equal(r.trajectory, ref.trajectory), i
+        assert r.decode["accepted"] > 0, i
+    for draft, says in (("flat-standalone", "draft features"), ("mrope", "other rotary facts")):
+        with pytest.raises(ConfigError, match=says):
+            ex.export_onnx(SHIPPED, tmp_path / draft, draft, ex.ExportConfig(max_len=512, k_max=8, samples=8),
+                           progress=lambda *_: None, reuse=tiny_onnx)
+    with pytest.raises(ConfigError, match="max_len"):
+        ex.export_onnx(SHIPPED, tmp_path / "short", "flat-v256", ex.ExportConfig(max_len=256, k_max=8, samples=8),
+                       progress=lambda *_: None, reuse=tiny_onnx)
+    bad = copy_of(tiny_onnx, tmp_path)
+    b = bytearray((bad / "step.onnx").read_bytes())
+    b[-100] ^= 1
+    (bad / "step.onnx").write_bytes(bytes(b))
+    with pytest.raises(SystemExit) as stop:
+        main(["export", "onnx", "--checkpoint", str(SHIPPED), "--out", str(tmp_path / "x"),
+              "--draft", "flat-v256", "--reuse", str(bad)])
+    assert stop.value.code == 2 and "step.onnx is not the file its meta.json records" in capsys.readouterr().err

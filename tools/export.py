@@ -1,7 +1,7 @@
 """`specdrive export onnx`: a checkpoint folder -> ONNX graphs + meta.json (export/onnx.py).
 `specdrive export edgellm`: a checkpoint folder -> TensorRT Edge-LLM's input folders (export/edgellm.py).
 
-    specdrive export onnx --checkpoint DIR --out DIR [--draft NAME] [--profile cpu]
+    specdrive export onnx --checkpoint DIR --out DIR [--draft NAME] [--profile cpu] [--reuse DIR]
                           [--max-len N] [--k-max K]
     specdrive export edgellm [--checkpoint checkpoints/tiny-causal] --out DIR [--draft NAME] [--dtype float16]
 
@@ -42,6 +42,9 @@ def add_parser(subparsers) -> None:
     o.add_argument("--profile", default="cpu", help="planner profile: prompt shapes, draws, max_len")
     o.add_argument("--max-len", type=integer, default=None, help="cache rows (default: the profile's)")
     o.add_argument("--k-max", type=integer, default=None, help="largest draft length (default: the profile's)")
+    o.add_argument("--reuse", type=Path, default=None, metavar="DIR",
+                   help="an earlier export of the same target and expert (same profile): copy its target and "
+                        "expert graphs and export only the draft's (seconds instead of minutes)")
     o.add_argument("--draft-map", default="graph", choices=("graph", "host"),
                    help="a reduced draft head: its d2t map inside the draft graphs (default) or on the host")
     o.set_defaults(run=run)
@@ -79,7 +82,7 @@ def run(args) -> int:
         raise ConfigError(f"--max-len {cfg.max_len} / --k-max {cfg.k_max}: need max_len >= 64, k_max >= 1")
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {str(args.out)!r} is a file; give a folder")
-    meta = export_onnx(args.checkpoint, args.out, args.draft, cfg)
+    meta = export_onnx(args.checkpoint, args.out, args.draft, cfg, reuse=args.reuse)
     print(f"wrote {len(meta.graphs)} graphs, meta.json and tokenizer.json to {args.out}; run them with "
           f"`specdrive plan --engines {args.out}`")
     return 0
