@@ -190,14 +190,16 @@ def replace_block(text: str, name: str, fingerprint: str | None, body: str, wher
                      + lines[b.close_line:])
 
 
-def stamp_line(stamp: dict, source: str) -> str:
-    """What a reader sees under the opening marker: where the numbers come from."""
+def stamp_line(stamp: dict | None, source: str, by: str = "specdrive report", full_fingerprint: bool = False) -> str:
+    """What a reader sees under the opening marker (or under a model card's title, `by` the command
+    that wrote the card, with the whole fingerprint): where the numbers come from."""
+    stamp = stamp or {}
     commit = stamp.get("commit")
     commit = "" if not commit else f", commit {commit[:10]}" + (" (with local changes)" if stamp.get("dirty") else "")
     fp = stamp.get("fingerprint")
-    ck = (f"checkpoint `{stamp['checkpoint']}` (fingerprint `{fp[:12]}…`)" if fp
+    ck = (f"checkpoint `{stamp.get('checkpoint')}` (fingerprint `{fp if full_fingerprint else fp[:12] + '…'}`)" if fp
           else "no checkpoint fingerprint" + (f" ({stamp['note']})" if stamp.get("note") else ""))
-    return (f"*Rendered by `specdrive report` from `{source}`: `{stamp.get('command')}`, "
+    return (f"*Rendered by `{by}` from `{source}`: `{stamp.get('command')}`, "
             f"{stamp.get('date')}{commit}; {ck}.*")
 
 

@@ -221,13 +221,11 @@ def _per_scene(splits: dict) -> bool:
 
 
 def stamp_note(stamp: dict | None, source) -> str:
-    """The line under a card's title: which checkpoint (fingerprint), command, date and commit made
-    the numbers of `source`."""
-    stamp = stamp or {}
-    fp, commit = stamp.get("fingerprint"), stamp.get("commit")
-    return (f"*Numbers from `{source}`, written by `{stamp.get('command')}` on {stamp.get('date')}"
-            + (f" at commit {commit[:10]}" + (" (with local changes)" if stamp.get("dirty") else "") if commit else "")
-            + (f"; checkpoint `{stamp.get('checkpoint')}`, fingerprint `{fp}`.*" if fp else "; no checkpoint fingerprint.*"))
+    """The line under a card's title (and under its side-by-side table): which checkpoint (the
+    whole fingerprint), command, date and commit made the numbers of `source`."""
+    from core.stamp import stamp_line
+
+    return stamp_line(stamp, str(source), by="specdrive train eval", full_fingerprint=True)
 
 
 def compare_lines(files) -> list[str]:
