@@ -21,6 +21,24 @@ BENCH_MICRO = {
     "expert": {"hidden": 32, "heads": 2, "intermediate": 32, "euler_steps": 2},
 }
 
+# The modules whose fixtures take minutes on one core (measured single-process at 900dffd:
+# calibration's setup makes the shared ONNX export, TensorRT-LLM's makes its own, Edge-LLM's runs
+# NVIDIA's exporter, then the longest spec-equals-plain files). Under pytest-xdist (`make test`) a
+# worker takes whole files in collection order; these go first so that no worker starts a
+# five-minute file when the others are nearly done (longest first: the run ends when the last
+# worker does).
+HEAVY_FIRST = ("test_calibration.py", "test_tensorrt_llm_backend.py", "test_edgellm.py", "test_tensorrt_backend.py",
+               "test_eagle3.py", "test_spec_torch.py", "test_soak.py", "test_onnx.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(Path(str(item.fspath)).name, len(rank)), order[id(item)]))
+
+
 settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
