@@ -74,7 +74,11 @@ def test_a_grid_runs_over_calls_skips_finished_cells_and_commits_only_finished_o
     assert "3 cells run now, 5/5" in grid.run(_grid(tmp_path), train, score)
     assert calls == ["a-lr2e-05-seed0", "a-lr2e-05-seed1", "ctl-seed0"]
     calls.clear()
-    assert grid.run(_grid(tmp_path), train, score) == "grid g: 5/5 cells finished" and calls == []
+    assert grid.run(_grid(tmp_path), train, score).startswith("grid g: 5/5 cells finished") and calls == []
+    summary = json.loads(grid.summary_path(_grid(tmp_path)).read_text())
+    assert [(c["setting"], c["seed"]) for c in summary["cells"]] == [
+        ("a-lr1e-05", 0), ("a-lr1e-05", 1), ("a-lr2e-05", 0), ("a-lr2e-05", 1), ("ctl", 0)]
+    assert summary["settings"] == ["a-lr1e-05", "a-lr2e-05", "ctl"] and summary["stamp"]["fingerprint"]
 
 
 def test_a_result_of_another_target_settings_or_format_is_run_again(tmp_path):
@@ -151,3 +155,33 @@ def test_the_leading_run_reward_scores_what_one_verify_pass_accepts():
     assert accept_score(match, AARLConfig(accept_on="leading")) == 0.5
     with pytest.raises(ConfigError, match="accept_on"):
         AARLConfig(accept_on="prefix")
+
+
+def test_the_grid_table_gives_a_verdict_only_to_a_setting_with_every_seed_and_counts_the_others():
+    """claims_report.aarl_grid_table on made-up cells: a setting whose trained draft accepts more
+    on every scene of every seed holds, Holm-adjusted over every setting (an unfinished one as
+    p = 1); a setting with fewer seeds gets no verdict; one not run says so."""
+    from train.claims_report import aarl_grid_table
+
+    rng = np.random.default_rng(0)
+
+    def cell(setting, seed, gain):
+        f = rng.integers(5, 9, 100)
+        n0 = f * 5 + rng.integers(0, 3, 100)
+        init = {"per_scene": [{"n": int(a), "f": int(b)} for a, b in zip(n0, f)], "reward": {"reward": -1.0}}
+        draft = {"per_scene": [{"n": int(a + gain * b + rng.integers(-1, 2)), "f": int(b)} for a, b in zip(n0, f)],
+                 "reward": {"reward": -0.9}}
+        return {"cell": f"{setting}-seed{seed}", "setting": setting, "seed": seed, "wall_s": 60.0,
+                "log": {"kl": 0.01}, "scores": {"k": 8, "init": init, "draft": draft}}
+
+    record = {"settings": ["up", "flat", "few", "none"],
+              "cells": [cell("up", s, 1) for s in range(3)] + [cell("flat", s, 0) for s in range(3)]
+              + [cell("few", 0, 1)]}
+    rows = {r.split(" | ")[0].strip("| "): r for r in aarl_grid_table(record)[2:]}
+    assert rows["up"].endswith("| holds |") and "| 0, 1, 2 |" in rows["up"]
+    assert rows["flat"].endswith("not resolved at this power |")
+    assert rows["few"].endswith("1 of 3 seeds: no verdict yet |")
+    assert rows["none"].endswith("not run yet |")
+    up = float(rows["up"].split(" | ")[4])
+    alone = float(aarl_grid_table({**record, "settings": ["up", "flat"]})[2].split(" | ")[4])
+    assert up >= alone, (up, alone)        # the unfinished settings count in the adjustment

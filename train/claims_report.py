@@ -242,6 +242,51 @@ def aarl_table(splits: dict, base: str = "flat", passes: str = "4") -> list[str]
     return rows
 
 
+def aarl_grid_table(record: dict, seeds_needed: int = 3) -> list[str]:
+    """An AARL grid (train.grid's summary.json): per setting, the finished seeds, greedy tau of the
+    initial and the trained draft pooled over them, the paired change with the shared-scene
+    interval (train.claims.hierarchical_diff: seeds and the shared scenes resampled), its p
+    Holm-adjusted over every setting of the grid (a setting not finished counts as p = 1), the
+    AARL reward before and after, the KL to the initial draft at the last step, and a verdict once
+    `seeds_needed` seeds are in."""
+    by = {}
+    for c in record["cells"]:
+        by.setdefault(c["setting"], []).append(c)
+    tests = {}
+    for setting, cs in by.items():
+        a = {c["seed"]: c["scores"]["init"] for c in cs}
+        b = {c["seed"]: c["scores"]["draft"] for c in cs}
+        tests[setting] = claims.hierarchical_diff(a, b)
+    done = [s for s in record["settings"] if s in by and len(by[s]) >= seeds_needed]
+    ps = [tests[s]["p"] for s in done] + [1.0] * (len(record["settings"]) - len(done))
+    adjusted = dict(zip(done, claims.holm(ps)))
+    sc = record["cells"][0]["scores"] if record["cells"] else {}
+    rows = [f"| setting | seeds | tau k={sc.get('k', 8)} initial -> trained | change [95%] | p (Holm) | "
+            "AARL reward initial -> trained | KL at the last step | wall per cell | verdict |",
+            "|" + "---|" * 9]
+    for setting in record["settings"]:
+        cs = by.get(setting, [])
+        if not cs:
+            rows.append(f"| {setting} | none | - | - | - | - | - | - | not run yet |")
+            continue
+        t = tests[setting]
+        tau = [sum(r["n"] for c in cs for r in c["scores"][k]["per_scene"]) /
+               sum(r["f"] for c in cs for r in c["scores"][k]["per_scene"]) for k in ("init", "draft")]
+        rw = [np.mean([c["scores"][k]["reward"]["reward"] for c in cs]) for k in ("init", "draft")]
+        kl = np.mean([c["log"].get("kl", float("nan")) for c in cs])
+        wall = np.mean([c.get("wall_s") or float("nan") for c in cs]) / 60
+        if setting in adjusted:
+            p = adjusted[setting]
+            verdict = ("holds" if t["point"] > 0 else "does not hold") if p < 0.05 else "not resolved at this power"
+            ptext = f"{p:.3f}"
+        else:
+            verdict, ptext = f"{len(cs)} of {seeds_needed} seeds: no verdict yet", "-"
+        rows.append(f"| {setting} | {', '.join(str(c['seed']) for c in cs)} | {tau[0]:.2f} -> {tau[1]:.2f} | "
+                    f"{t['point']:+.2f} [{t['lo']:+.2f}, {t['hi']:+.2f}] | {ptext} | {rw[0]:.3f} -> {rw[1]:.3f} | "
+                    f"{kl:.4f} | {wall:.1f} min | {verdict} |")
+    return rows
+
+
 def attention_png(splits: dict, png, split: str = "test") -> None:
     import matplotlib
     matplotlib.use("Agg")

@@ -217,7 +217,7 @@ def run(grid: GridConfig, train_fn=None, score_fn=None, status_only: bool = Fals
     total = len(cells(grid))
     line = f"grid {grid.name}: {total - len(todo)}/{total} cells finished"
     if status_only or not todo:
-        return line
+        return f"{line}; summary {write_summary(grid, target_sha)}"
     if grid.max_cells:
         todo = todo[:grid.max_cells]
     t0, walls = time.monotonic(), _walls(grid)
@@ -234,7 +234,46 @@ def run(grid: GridConfig, train_fn=None, score_fn=None, status_only: bool = Fals
         walls.append(time.monotonic() - t)
         done += 1
     left = sum(not finished(grid, c, target_sha) for c in cells(grid))
+    write_summary(grid, target_sha)
     return f"grid {grid.name}: {done} cells run now, {total - left}/{total} cells finished"
+
+
+def split_seed(cell: Cell) -> tuple[str, int]:
+    """(the cell's setting: its name less the seed part, its training seed): the seed of an aarl cell
+    is run.seed, of a distill cell its one seed (`seeds=[N]`)."""
+    for o in reversed(cell.overrides):
+        key, _, value = o.partition("=")
+        if key in ("run.seed", "seeds"):
+            seed = int(value.strip("[] "))
+            part = f"-{key.split('.')[-1]}{seed}"
+            return (cell.name[: -len(part)] if cell.name.endswith(part) else cell.name), seed
+    return cell.name, 0
+
+
+def summary_path(grid: GridConfig) -> Path:
+    return Path(grid.work) / grid.name / "summary.json"
+
+
+def write_summary(grid: GridConfig, target_sha: str) -> Path:
+    """WORK/<grid>/summary.json: every finished cell's metrics (the current target's) with the
+    cell's group, setting (its name less the seed) and seed, in config order, under a stamp of the
+    grid's planner; what `specdrive report` renders docs/claims.md's grid table from (and cuts
+    results/<grid>.json from)."""
+    rows = []
+    for c in cells(grid):
+        if finished(grid, c, target_sha):
+            m = json.loads((Path(grid.results) / grid.name / c.name / "metrics.json").read_text())
+            setting, seed = split_seed(c)
+            rows.append({"cell": c.name, "group": c.name.split("-")[0], "setting": setting, "seed": seed,
+                         "wall_s": m.get("wall_s"), "log": m.get("log", {}), "scores": m["scores"],
+                         "stamp": m.get("stamp")})
+    settings = list(dict.fromkeys(split_seed(c)[0] for c in cells(grid)))
+    out = {"stamp": results_stamp(grid.planner), "grid": grid.name, "stage": grid.stage,
+           "cells_total": len(cells(grid)), "settings": settings, "cells": rows}
+    f = summary_path(grid)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(out, indent=1) + "\n")
+    return f
 
 
 def _walls(grid: GridConfig) -> list[float]:

@@ -89,6 +89,11 @@ RUNS = {
     "trees": Run(("specdrive bench --checkpoint checkpoints/tiny --drafts flat --ks 4,6,8 --trees \"16,8,4;32,8,8\" "
                   "--scenes 16 --seed 0 --repeats 3 --threads 1 --json out/bench/trees.json",),
                  ("out/bench/trees.json",)),
+    # the AARL grid (configs/grids/aarl-power.yaml): its cells are trained by `specdrive train grid
+    # --config configs/grids/aarl-power.yaml [--max-cells N]` and committed under results/grids/
+    # as each finishes; --status gathers the finished ones (seconds, no training)
+    "aarl-power": Run(("specdrive train grid --config configs/grids/aarl-power.yaml --status",),
+                      ("runs/grid/aarl-power/summary.json",)),
     # issue 36's adaptive goal, measured once on test scenes no change was tuned on (seeds 100-147),
     # with an A/A control (the k = 8 chain twice): the run's own noise beside the difference
     "adaptive": Run(("specdrive bench --checkpoint checkpoints/tiny --drafts flat --ks 6,8 --aa --scenes 48 "
@@ -204,6 +209,11 @@ def claims(part: str) -> Callable[[list[dict]], str]:
     return render
 
 
+def aarl_grid(records: list[dict]) -> str:
+    from train import claims_report
+    return "\n".join(claims_report.aarl_grid_table(records[0]))
+
+
 def projection(records: list[dict]) -> str:
     """A row per preset and draft head: the reasoning stage, plain against speculative at the tau
     interval's two ends, and the speedup range."""
@@ -247,4 +257,5 @@ TABLES = {
     "trees": Table(("trees",), ("docs/bench.md",), bench_acceptance),
     "adaptive": Table(("adaptive",), ("docs/bench.md",), bench_acceptance),
     "claims-4x-projected": Table(("projection",), ("docs/claims.md",), projection),
+    "claims-aarl-power": Table(("aarl-power",), ("docs/claims.md",), aarl_grid),
 }
