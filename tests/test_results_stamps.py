@@ -206,7 +206,7 @@ def test_claims_data_is_written_between_the_registry_markers_with_the_eval_stamp
     assert "`specdrive train eval --config configs/train/eval-claims.yaml`" in text
     assert [(b.name, b.fingerprint) for b in blocks("\n".join(claims_report.marked("budget", [], None, "m")))] \
         == [("claims-budget", "unknown")]
-    written = set(__import__("re").findall(r'marked\("([a-z]+)"', inspect.getsource(claims_report.sections)))
+    written = set(__import__("re").findall(r'block\("([a-z]+)"', inspect.getsource(claims_report.sections)))
     assert {f"claims-{n}" for n in written} == {n for n, t in results.TABLES.items() if "docs/claims-data.md" in t.files}
 
 

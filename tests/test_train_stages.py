@@ -106,6 +106,10 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
     assert f"| `{shipped}` | {m['image_attention']} | test | 2 |" in card.split("## Side by side")[1]
     assert "specdrive train eval --config X" in card and "train distill" not in card.split("## Commands")[1]
     assert "vision pretraining: 2 steps" in card and "val scenes" in card
+    fp = m["stamp"]["fingerprint"]                   # every results block of the card: the metrics' stamp
+    opened = [x for x in card.splitlines() if x.startswith("<!-- results ")]
+    assert opened and all(x.endswith(f"fingerprint={fp} -->") for x in opened), opened
+    assert "`None`" not in card and card.count(f"(fingerprint `{fp[:12]}…`)") == len(opened)
     assert "| test | draft-flat |" in card and "flat vs mrope" in card and "| 2 |" in card
     rew = json.loads((root / "metrics.json").read_text())["aarl_reward"]
     assert rew["draft-flat"]["scenes"] == 2 and "action reward" in card

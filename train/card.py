@@ -267,8 +267,8 @@ def write_card(metrics_json, card_md, runs: dict, notes=(), commands: str = COMM
              f"- SFT: {sft_log[-1]['step'] if sft_log else 'n/a'} steps; last logged losses: "
              + (", ".join(f"{k} {v}" for k, v in sft_log[-1].items() if k not in ("step", "elapsed_s")) if sft_log else "n/a"),
              *distill_lines(runs.get("distill", "")),
-             f"- AARL: {(_log(runs.get('aarl', '')) or [{'step': 0}])[-1]['step']} steps (table below, one row per "
-             "logged window)",
+             (f"- AARL: {_log(runs['aarl'])[-1]['step']} steps (table below, one row per logged window)"
+              if _log(runs.get("aarl", "")) else "- AARL: not run"),
              "", "## Target", "", *target_table(splits), "",
              "Cause and decision are read back from the generated CoC by the language's parser (scenes/language.py): "
              "the cause clause must name the scene's cause kind and facts (noun, side, light colour) in any paraphrase, "
@@ -294,7 +294,8 @@ def write_card(metrics_json, card_md, runs: dict, notes=(), commands: str = COMM
                                                                   Path(card_md).parent / "aarl_curves.png") else []),
              *aarl_reward_lines(m.get("aarl_reward", {})), "",
              *aarl_lines(_log(runs.get("aarl", ""))), "",
-             *(claims_report.sections(splits, Path(card_md).parent, ".") if _per_scene(splits) else []),
+             *(claims_report.sections(splits, Path(card_md).parent, ".", m.get("stamp"), str(metrics_json),
+                                      by="specdrive train eval", skip_empty=True) if _per_scene(splits) else []),
              *(["## Notes", "", *[f"- {n}" for n in notes], ""] if notes else []),
              "## Commands", "", "```", commands, "```", ""]
     Path(card_md).write_text("\n".join(lines))

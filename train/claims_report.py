@@ -329,19 +329,28 @@ def alpha_position_png(splits: dict, png, split: str = "test", max_pos: int = 60
     plt.close(fig)
 
 
-def marked(name: str, table: list[str], stamp: dict | None, source: str) -> list[str]:
+def marked(name: str, table: list[str], stamp: dict | None, source: str, by: str = "specdrive report") -> list[str]:
     """A table between the results markers `specdrive report` re-renders (core/stamp.py), with
     the metrics' stamp: its checkpoint fingerprint is what tests/test_results_stamps.py checks."""
     from core.stamp import stamp_line
 
     stamp = stamp or {}
     return [f"<!-- results claims-{name} fingerprint={stamp.get('fingerprint') or 'unknown'} -->",
-            stamp_line(stamp, source), "", *table, f"<!-- /results claims-{name} -->"]
+            stamp_line(stamp, source, by=by), "", *table, f"<!-- /results claims-{name} -->"]
 
 
-def sections(splits: dict, img_dir, rel, stamp: dict | None = None, source: str = "metrics.json") -> list[str]:
+def sections(splits: dict, img_dir, rel, stamp: dict | None = None, source: str = "metrics.json",
+             by: str = "specdrive report", skip_empty: bool = False) -> list[str]:
     """The markdown sections (pictures written into img_dir, linked as rel/NAME), each table
-    between results markers carrying `stamp`'s fingerprint."""
+    between results markers carrying `stamp`'s fingerprint; `by` the command that writes them (a
+    model card: `specdrive train eval`), skip_empty: leave out a section whose table has no rows
+    (a card of a planner with one seed and no AARL run)."""
+    if skip_empty:
+        kept = sections(splits, img_dir, rel, stamp, source, by)
+        return _without_empty(kept)
+
+    def block(name: str, table: list[str]) -> list[str]:
+        return marked(name, table, stamp, source, by)
     img_dir = Path(img_dir)
     img_dir.mkdir(parents=True, exist_ok=True)
     attention_png(splits, img_dir / "claims_attention.png")
@@ -354,11 +363,11 @@ def sections(splits: dict, img_dir, rel, stamp: dict | None = None, source: str 
             "same t) within each family: the tau comparisons, the attention comparisons. A verdict of holds "
             "or does not hold needs an adjusted p below 0.05; otherwise the row says what it could have "
             "detected (80 % power at the family's strictest level, the same t).", "",
-            *marked("verdicts", verdict_table(splits), stamp, source), "",
+            *block("verdicts", verdict_table(splits)), "",
             "## Acceptance, per draft group over its seeds", "",
             "Intervals: 95% bootstrap over scenes of the seed-pooled ratio; per-seed tau in its own column. "
             "Draft share of CoC = accepted draft tokens / CoC tokens (1 - 1/tau); tokens per accepted block = "
-            "accepted draft tokens per target pass.", "", *marked("acceptance", acceptance_table(splits), stamp, source), "",
+            "accepted draft tokens per target pass.", "", *block("acceptance", acceptance_table(splits)), "",
             "## Paired differences (same scenes, same seeds)", "",
             "The seed-level interval resamples the training seeds and the shared scenes, each scene once "
             "(train.claims.hierarchical_diff), so it carries the spread from one seed to the next. p (Holm): the "
@@ -368,17 +377,35 @@ def sections(splits: dict, img_dir, rel, stamp: dict | None = None, source: str 
             "not hold only where the adjusted p is below 0.05; otherwise not resolved at this power. The "
             "scene-level interval pools the seeds and leaves their spread out; the last column gives each seed's "
             "own difference.", "",
-            *marked("comparison", comparison_table(splits), stamp, source), "",
+            *block("comparison", comparison_table(splits)), "",
             "## Attention mass by key type at the reasoning rows (test, mean over seeds)", "",
-            f"![attention mass]({rel / 'claims_attention.png'})", "", *marked("attention", attention_table(splits), stamp, source), "",
+            f"![attention mass]({rel / 'claims_attention.png'})", "", *block("attention", attention_table(splits)), "",
             "## Per-token acceptance by position within the CoC (test)", "",
             f"![alpha by position]({rel / 'claims_alpha_position.png'})", "",
             "## Action quality under a budget of target passes", "",
             "The budget lets P target passes write the CoC (plain decoding: P tokens; a draft: what its exact "
             "greedy loop at k = 8 emits in P passes), then closes it with <|cot_end|>; the expert then plans "
             "(mean of 8 draws). The text is still the target's, only shorter when the draft is worse.", "",
-            *marked("budget", budget_table(splits), stamp, source), "",
-            "## AARL runs against their starting draft", "", *marked("aarl", aarl_table(splits), stamp, source), ""]
+            *block("budget", budget_table(splits)), "",
+            "## AARL runs against their starting draft", "", *block("aarl", aarl_table(splits)), ""]
+
+
+def _without_empty(lines: list[str]) -> list[str]:
+    """`lines` (sections: "## " headings, results blocks) less every section whose results block
+    holds a table with no rows."""
+    out, section = [], []
+
+    def flush():
+        rows = [x for x in section if x.startswith("|")]
+        if not any(x.startswith("<!-- results ") for x in section) or len(rows) > 2:
+            out.extend(section)
+    for line in lines:
+        if line.startswith("## "):
+            flush()
+            section = []
+        section.append(line)
+    flush()
+    return out
 
 
 def write(metrics_json, out_md, img_dir, rel="img") -> str:
