@@ -537,3 +537,15 @@ def test_cards_are_serialized_only_by_their_schema_module():
             for line in card_writes(ast.parse(text, str(f)), text)]
     assert not hits, "meta.json / manifest.json written outside the schema module (build the card, " \
                      "call its write()):\n" + "\n".join(hits)
+
+
+def test_the_tracked_tree_fits_a_device_run():
+    """The GPU machine runs a copy of the checkout's tracked files, 64 MiB at most (the committed
+    checkpoints, twin and grid cells included): a tree that outgrows it can no longer be measured
+    there. Leave 8 MiB for the untracked scripts a device check carries."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    paths = [ROOT / p for p in files.decode().split("\0") if p]
+    total = sum(p.stat().st_size for p in paths if p.is_file())
+    biggest = sorted(((p.stat().st_size, str(p.relative_to(ROOT).parts[0])) for p in paths if p.is_file()),
+                     reverse=True)[:3]
+    assert total < 56 * 2 ** 20, f"tracked files take {total / 2 ** 20:.1f} MiB (limit 56); largest: {biggest}"
