@@ -18,7 +18,7 @@ from scenes import events, families
 from scenes.checks import first_collision, limit_violation
 from scenes.config import (DRIVE_SECONDS, FAMILIES, FRAME_OFFSETS, MAX_DRIVE_SECONDS, SPLITS, TIMES,
                            UNSEEN_FAMILY, ConfigError, check_choice, ranges_for)
-from scenes.drive import (boxes_at, cycle_frames, cycle_steps, history_at, label_cycle, render_steps,
+from scenes.drive import (boxes_at, cycle_frames, cycle_steps, label_cycle, render_steps,
                           simulate_scenario, to_ego)
 
 MAX_ATTEMPTS = 60
@@ -115,7 +115,7 @@ def _valid(scen, run) -> bool:
 def _cycles_fit_tokens(poses: np.ndarray) -> bool:
     """Whether the history and future of every cycle of the longest drive fit the trajectory
     tokens: encode_history(history_at(poses, n)) and encode_future(future at n) for every n, all
-    cycles in one batch (the same arithmetic element for element; tests/test_scenes_world.py
+    cycles in one batch (the same arithmetic element for element; tests/test_scenes_drives.py
     holds it to the per-cycle calls)."""
     steps = cycle_steps(MAX_DRIVE_SECONDS)
     if steps.min() - HIST_POSES + 1 < 0 or steps.max() + FUT_WAYPOINTS >= len(poses):

@@ -258,8 +258,8 @@ def aarl_grid_table(record: dict, seeds_needed: int = 3) -> list[str]:
         b = {c["seed"]: c["scores"]["draft"] for c in cs}
         tests[setting] = claims.hierarchical_diff(a, b)
     done = [s for s in record["settings"] if s in by and len(by[s]) >= seeds_needed]
-    ps = [tests[s]["p"] for s in done] + [1.0] * (len(record["settings"]) - len(done))
-    adjusted = dict(zip(done, claims.holm(ps)))
+    unfinished = [{"p": 1.0, "point": 0.0, "se": 0.0, "seeds": seeds_needed}] * (len(record["settings"]) - len(done))
+    judged = dict(zip(done, claims.verdicts([tests[s] for s in done] + unfinished)))
     sc = record["cells"][0]["scores"] if record["cells"] else {}
     rows = [f"| setting | seeds | tau k={sc.get('k', 8)} initial -> trained | change [95%] | p (Holm) | "
             "AARL reward initial -> trained | KL at the last step | wall per cell | verdict |",
@@ -275,10 +275,8 @@ def aarl_grid_table(record: dict, seeds_needed: int = 3) -> list[str]:
         rw = [np.mean([c["scores"][k]["reward"]["reward"] for c in cs]) for k in ("init", "draft")]
         kl = np.mean([c["log"].get("kl", float("nan")) for c in cs])
         wall = np.mean([c.get("wall_s") or float("nan") for c in cs]) / 60
-        if setting in adjusted:
-            p = adjusted[setting]
-            verdict = ("holds" if t["point"] > 0 else "does not hold") if p < 0.05 else "not resolved at this power"
-            ptext = f"{p:.3f}"
+        if setting in judged:
+            verdict, ptext = judged[setting]["verdict"], f"{judged[setting]['p_holm']:.3f}"
         else:
             verdict, ptext = f"{len(cs)} of {seeds_needed} seeds: no verdict yet", "-"
         rows.append(f"| {setting} | {', '.join(str(c['seed']) for c in cs)} | {tau[0]:.2f} -> {tau[1]:.2f} | "

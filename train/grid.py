@@ -256,20 +256,18 @@ def summary_path(grid: GridConfig) -> Path:
 
 def write_summary(grid: GridConfig, target_sha: str) -> Path:
     """WORK/<grid>/summary.json: every finished cell's metrics (the current target's) with the
-    cell's group, setting (its name less the seed) and seed, in config order, under a stamp of the
+    cell's setting (its name less the seed) and seed, in config order, under a stamp of the
     grid's planner; what `specdrive report` renders docs/claims.md's grid table from (and cuts
     results/<grid>.json from)."""
-    rows = []
-    for c in cells(grid):
+    every, rows = cells(grid), []
+    for c in every:
         if finished(grid, c, target_sha):
             m = json.loads((Path(grid.results) / grid.name / c.name / "metrics.json").read_text())
             setting, seed = split_seed(c)
-            rows.append({"cell": c.name, "group": c.name.split("-")[0], "setting": setting, "seed": seed,
-                         "wall_s": m.get("wall_s"), "log": m.get("log", {}), "scores": m["scores"],
-                         "stamp": m.get("stamp")})
-    settings = list(dict.fromkeys(split_seed(c)[0] for c in cells(grid)))
-    out = {"stamp": results_stamp(grid.planner), "grid": grid.name, "stage": grid.stage,
-           "cells_total": len(cells(grid)), "settings": settings, "cells": rows}
+            rows.append({"cell": c.name, "setting": setting, "seed": seed, "wall_s": m.get("wall_s"),
+                         "log": m.get("log", {}), "scores": m["scores"], "stamp": m.get("stamp")})
+    out = {"stamp": results_stamp(grid.planner), "grid": grid.name, "stage": grid.stage, "cells_total": len(every),
+           "settings": list(dict.fromkeys(split_seed(c)[0] for c in every)), "cells": rows}
     f = summary_path(grid)
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(out, indent=1) + "\n")
