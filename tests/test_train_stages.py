@@ -65,7 +65,7 @@ def test_sft_resume_matches_an_uninterrupted_run(root, monkeypatch):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
 
 
-def test_all_stages_chain_and_the_evaluation_reports(root):
+def test_all_stages_chain_and_the_evaluation_reports(root, monkeypatch):
     tower = vision.run(_cfg(root, "vision", {"preset": str(root / "micro.yaml"), "val_scenes": 2,
                                              "data": {"dir": str(root / "scenes"), "max_scenes": 6, "balance": 1.0},
                                              "run": _run(root, "vision", 2)}))
@@ -148,6 +148,22 @@ def test_all_stages_chain_and_the_evaluation_reports(root):
         assert loop["same_reasoning"] == 1.0, name
         assert loop["tau"] == pytest.approx(got["drafts"][name]["tau"]), f"{name}: runtime vs replayed tau"
         assert loop["tau"] == pytest.approx(loop["replay_tau"])
+    part = root / "metrics.parts" / "test.json"      # a finished split is kept: a re-run reuses it
+    assert json.loads(part.read_text())["split"] == got
+    calls = []
+    real = evaluate.evaluate_split
+
+    def counted(cfg, split, *a):
+        calls.append((split, cfg.k))
+        return real(cfg, split, *a)
+
+    monkeypatch.setattr(evaluate, "evaluate_split", counted)
+    ecfg.card, ecfg.claims, ecfg.aarl_scenes = "", "", 0
+    evaluate.run(ecfg)
+    assert calls == [] and json.loads((root / "metrics.json").read_text())["splits"]["test"] == got
+    ecfg.k = 2                                        # another setting: the split is computed again
+    evaluate.run(ecfg)
+    assert calls == [("test", 2)]
 
 
 def test_eval_scores_a_reduced_head_draft_through_its_map(root):

@@ -252,6 +252,40 @@ def _draft_path(planner: str, name: str) -> Path:
     return inside if inside.exists() else Path(name)
 
 
+def split_key(cfg: EvalConfig, split: str, target_sha: str | None, drafts: list[str]) -> str:
+    """What one split's numbers follow from: the target's weights, each draft's weights (by the
+    sha256 of its files), the split's scenes and every setting evaluate_split reads. A finished
+    split is kept under this key (`_part_path`), so an evaluation stopped part-way (hours on one
+    core for `make claims`) goes on from the next split; any change to these recomputes it."""
+    import hashlib
+
+    from core.config import file_sha256
+
+    scenes = Path(cfg.data.dir) / split
+    listing = sorted((f.name, f.stat().st_size) for f in scenes.iterdir()) if scenes.is_dir() else []
+    facts = {"split": split, "target": target_sha, "planner": cfg.planner,
+             "drafts": {n: {f.name: file_sha256(f) for f in sorted(_draft_path(cfg.planner, n).iterdir())
+                            if f.is_file()} for n in drafts},
+             "scenes": [cfg.data.dir, cfg.data.max_scenes, listing],
+             "settings": [cfg.device, cfg.k, cfg.max_new_tokens, cfg.batch, cfg.trajectory_samples, cfg.budget_action,
+                          cfg.runtime_scenes if split == "test" else 0]}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _part_path(cfg: EvalConfig, split: str) -> Path:
+    out = Path(cfg.out)
+    return out.parent / f"{out.stem}.parts" / f"{split}.json"
+
+
+def _read_part(path: Path, key: str) -> dict | None:
+    """A kept split's numbers when they were made under `key`; None otherwise (or unreadable)."""
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return kept.get("split") if isinstance(kept, dict) and kept.get("key") == key else None
+
+
 def run(cfg: EvalConfig) -> str:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -267,8 +301,19 @@ def run(cfg: EvalConfig) -> str:
     results = {"stamp": results_stamp(cfg.planner), "planner": cfg.planner, "k": cfg.k,
                "image_attention": model_cfg.target.llm.image_attention, "splits": {}}
     for split in cfg.splits:
-        results["splits"][split] = evaluate_split(cfg, split, tok, model_cfg, target, expert, drafts)
-        print(split, json.dumps(results["splits"][split]), flush=True)
+        key = split_key(cfg, split, sha, list(drafts))
+        part = _part_path(cfg, split)
+        done = _read_part(part, key)
+        if done is not None:
+            print(f"{split}: reusing {part} (same target, drafts, scenes and settings)", flush=True)
+        else:
+            done = evaluate_split(cfg, split, tok, model_cfg, target, expert, drafts)
+            part.parent.mkdir(parents=True, exist_ok=True)
+            tmp = part.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"key": key, "split": done}) + "\n")
+            tmp.replace(part)
+        results["splits"][split] = done
+        print(split, json.dumps(done), flush=True)
     pair = [n for n in ("draft-flat", "draft-flat-aarl") if n in drafts]
     if cfg.aarl_scenes and len(pair) == 2:
         results["aarl_reward"] = aarl_reward(cfg, tok, model_cfg, target, expert, {n: drafts[n] for n in pair})
