@@ -354,3 +354,26 @@ def test_reuse_exports_only_the_drafts_graphs_and_refuses_other_facts(tiny_onnx,
         main(["export", "onnx", "--checkpoint", str(SHIPPED), "--out", str(tmp_path / "x"),
               "--draft", "flat-v256", "--reuse", str(bad)])
     assert stop.value.code == 2 and "step.onnx is not the file its meta.json records" in capsys.readouterr().err
+
+
+def test_the_exporter_skips_only_rules_that_change_nothing(ref, tmp_path, monkeypatch):
+    """export.onnx leaves SKIPPED_RULES out of the exporter's optimizer (most of its time, no
+    rewrite on these graphs): a graph exported so is byte for byte the one the full rule set
+    writes, and the rule list is the library's own again afterwards."""
+    from onnxscript import rewriter
+
+    tok, cfg, target, expert, draft = ref
+    full = rewriter._DEFAULT_REWRITE_RULES
+    with ex._without_slow_rules():
+        inside = rewriter._DEFAULT_REWRITE_RULES
+    assert rewriter._DEFAULT_REWRITE_RULES is full
+    assert {ex._rule_name(r) for r in full} - {ex._rule_name(r) for r in inside} == set(ex.SKIPPED_RULES)
+    shapes = ex._shapes(cfg, ex.ExportConfig(max_len=64), tok)
+    graphs = ex._graphs(target, expert, draft, True, tuple(cfg.draft.feature_layers), shapes,
+                        ex.ExportConfig(max_len=64))
+    _, module, args, names, dyn = next(g for g in graphs if g[0] == "draft_chain")
+    fast = ex._export(module.eval(), args, names, dyn, tmp_path / "fast.onnx")
+    monkeypatch.setattr(ex, "SKIPPED_RULES", ())
+    every = ex._export(module.eval(), args, names, dyn, tmp_path / "every.onnx")
+    assert (tmp_path / "fast.onnx").read_bytes() == (tmp_path / "every.onnx").read_bytes()
+    assert fast.sha256 == every.sha256
