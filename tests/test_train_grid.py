@@ -115,6 +115,22 @@ def test_the_budget_starts_no_cell_the_mean_cell_time_says_would_overrun(tmp_pat
     assert calls == ["a-lr1e-05-seed1"]
 
 
+def test_a_cell_resumed_in_a_later_session_counts_the_earlier_sessions_time(tmp_path):
+    """wall_s is the cell's whole time: the earlier processes' training (their log's elapsed_s
+    restarts in each) plus this process's."""
+    g = _grid(tmp_path, max_cells=1)
+    run = tmp_path / "work" / "g" / "a-lr1e-05-seed0"
+    run.mkdir(parents=True)
+    rows = [{"step": 5, "elapsed_s": 100.0}, {"step": 10, "elapsed_s": 700.0},     # a session, killed
+            {"step": 8, "elapsed_s": 30.0}, {"step": 12, "elapsed_s": 250.0}]     # the next, killed too
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train, score = _doubles(tmp_path, [])
+    grid.run(g, train, score)
+    m = json.loads((tmp_path / "results" / "g" / "a-lr1e-05-seed0" / "metrics.json").read_text())
+    assert m["resumed_after_s"] == 950.0 and 950.0 <= m["wall_s"] < 960.0
+    assert grid._earlier_wall(tmp_path / "nowhere") == 0.0
+
+
 def test_the_position_gap_moves_only_the_reasoning_rows_by_image_regions():
     from models import io
     from train.teachers import Teacher, draft_inputs, image_span

@@ -146,12 +146,13 @@ def run_cell(grid: GridConfig, cell: Cell, target_sha: str, train_fn=None, score
     """Train, score and commit one cell -> its results folder. train_fn(cfg) -> (draft folder,
     init draft folder or None); score_fn(grid, cfg, draft, init) -> scores (tests pass doubles)."""
     cfg = stage_config(grid, cell)
-    t0 = time.monotonic()
+    t0, earlier = time.monotonic(), _earlier_wall(Path(cfg.run.out))
     draft, init = (train_fn or _train)(grid.stage, cfg)
     scores = (score_fn or score)(grid, cfg, draft, init)
     metrics = {"format": FORMAT, "stamp": results_stamp(grid.planner), "target_sha256": target_sha, "grid": grid.name,
                "cell": cell.name, "stage": grid.stage, "overrides": list(cell.overrides),
-               "wall_s": round(time.monotonic() - t0, 1), "log": _last_log(Path(cfg.run.out)), "scores": scores}
+               "wall_s": round(earlier + time.monotonic() - t0, 1), "resumed_after_s": round(earlier, 1),
+               "log": _last_log(Path(cfg.run.out)), "scores": scores}
     final = Path(grid.results) / grid.name / cell.name
     tmp = final.parent / f".{cell.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -167,6 +168,21 @@ def _train(stage: str, cfg):
     if stage == "aarl":
         return aarl.run(cfg), cfg.draft
     return distill.run(cfg)[0], None
+
+
+def _earlier_wall(run: Path) -> float:
+    """Seconds earlier processes spent training this cell (a cell resumed in a later session):
+    its training log restarts elapsed_s at each process, so each run of rows where elapsed_s
+    grows is one process, ended at its last row (at most one log interval short of the kill)."""
+    f = run / "log.jsonl"
+    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
+    total, last = 0.0, None
+    for r in rows:
+        t = float(r.get("elapsed_s", 0.0))
+        if last is not None and t < last:
+            total += last
+        last = t
+    return total + (last or 0.0)
 
 
 def _last_log(run: Path) -> dict:
