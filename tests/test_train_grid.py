@@ -115,6 +115,22 @@ def test_the_budget_starts_no_cell_the_mean_cell_time_says_would_overrun(tmp_pat
     assert calls == ["a-lr1e-05-seed1"]
 
 
+def test_a_grid_that_keeps_no_weights_records_their_hash(tmp_path):
+    from core.config import file_sha256
+
+    train, score = _doubles(tmp_path, [])
+    grid.run(_grid(tmp_path, max_cells=1, keep_weights=False), train, score)
+    cell = tmp_path / "results" / "g" / "a-lr1e-05-seed0"
+    assert sorted(p.name for p in cell.iterdir()) == ["metrics.json"]
+    m = json.loads((cell / "metrics.json").read_text())
+    trained = tmp_path / "trained" / "a-lr1e-05-seed0" / "draft-flat-aarl" / "draft.safetensors"
+    assert m["weights"] == {"kept": False, "sha256": {"draft.safetensors": file_sha256(trained)}}
+    grid.run(_grid(tmp_path, max_cells=1), train, score)      # the default keeps them
+    kept = tmp_path / "results" / "g" / "a-lr1e-05-seed1" / "draft-flat-aarl" / "draft.safetensors"
+    assert json.loads((kept.parents[1] / "metrics.json").read_text())["weights"]["sha256"] == {
+        "draft.safetensors": file_sha256(kept)}
+
+
 def test_a_cell_resumed_in_a_later_session_counts_the_earlier_sessions_time(tmp_path):
     """wall_s is the cell's whole time: the earlier processes' training (their log's elapsed_s
     restarts in each) plus this process's."""

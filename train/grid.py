@@ -7,7 +7,8 @@ A grid (GridConfig, configs/grids/*.yaml) is a stage (aarl or distill), a base c
 stage, overrides for every cell, and groups; a group's cells are the product of its axes
 (dotted config keys -> values). Cell names read their settings: "anchor-steps400-lr2e-05-seed1".
 
-    RESULTS/<grid>/<cell>/draft-<variant>/   the cell's final draft (safetensors + meta.json)
+    RESULTS/<grid>/<cell>/draft-<variant>/   the cell's final draft (safetensors + meta.json), unless
+                                             keep_weights is false (metrics.json then holds its sha256)
     RESULTS/<grid>/<cell>/metrics.json       stamp (the target's sha256, the planner folder's
                                              fingerprint, commit, command), the cell's overrides,
                                              the last row of its training log, wall time, scores
@@ -33,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from models import io
-from core.config import ConfigError, check_choice, check_range, load_yaml
+from core.config import ConfigError, check_choice, check_range, file_sha256, load_yaml
 from core.stamp import results_stamp
 from scenes import dataset
 from train import aarl, ckpt, config, data, distill, evaluate, loop, reasoning
@@ -71,6 +72,9 @@ class GridConfig:
     work: str = "runs/grid"                 # run folders of cells in training (not committed)
     max_cells: int = 0                      # cells this call runs at most; 0 = all unfinished
     budget_min: float = 0.0                 # no cell starts when the mean cell time would pass it; 0 = none
+    keep_weights: bool = True               # commit each cell's draft (about 1 MB); false: its metrics and
+                                            # the trained file's sha256 only (the tracked tree stays small
+                                            # enough to travel to a device machine, tests/test_structure.py)
 
     def __post_init__(self):
         if not self.name or "/" in self.name:
@@ -152,12 +156,15 @@ def run_cell(grid: GridConfig, cell: Cell, target_sha: str, train_fn=None, score
     metrics = {"format": FORMAT, "stamp": results_stamp(grid.planner), "target_sha256": target_sha, "grid": grid.name,
                "cell": cell.name, "stage": grid.stage, "overrides": list(cell.overrides),
                "wall_s": round(earlier + time.monotonic() - t0, 1), "resumed_after_s": round(earlier, 1),
-               "log": _last_log(Path(cfg.run.out)), "scores": scores}
+               "log": _last_log(Path(cfg.run.out)), "scores": scores,
+               "weights": {"kept": grid.keep_weights,
+                           "sha256": {f.name: file_sha256(f) for f in sorted(Path(draft).glob("*.safetensors"))}}}
     final = Path(grid.results) / grid.name / cell.name
     tmp = final.parent / f".{cell.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    shutil.copytree(draft, tmp / Path(draft).name)
+    if grid.keep_weights:
+        shutil.copytree(draft, tmp / Path(draft).name)
     (tmp / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     shutil.rmtree(final, ignore_errors=True)          # a stale result (other target or settings)
     tmp.rename(final)
