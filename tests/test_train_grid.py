@@ -217,3 +217,41 @@ def test_the_grid_table_gives_a_verdict_only_to_a_setting_with_every_seed_and_co
     up = float(rows["up"].split(" | ")[4])
     alone = float(aarl_grid_table({**record, "settings": ["up", "flat"]})[2].split(" | ")[4])
     assert up >= alone, (up, alone)        # the unfinished settings count in the adjustment
+
+
+def test_the_dose_table_judges_each_gap_and_whether_the_gain_grows():
+    """claims_report.dose_grid_table on made-up cells on shared scenes: flat gains nothing at gap 0
+    and a token per pass at gap 3 -> gap 3 holds, and the dose-response holds; with the gain the
+    same at every gap the dose-response is not resolved; a gap missing seeds gets no verdict."""
+    from train.claims_report import dose_grid_table
+
+    rng = np.random.default_rng(1)
+    f = rng.integers(5, 9, 100)
+    base = f * 5 + rng.integers(0, 3, 100)
+
+    def cell(gap, variant, seed, gain):
+        n = base + gain * f + rng.integers(-1, 2, 100)
+        setting = f"dose-position_gap{gap}-drafts{variant}"
+        return {"cell": f"{setting}-seeds{seed}", "setting": setting, "seed": seed,
+                "scores": {"k": 8, "position_gap": gap,
+                           "draft": {"per_scene": [{"n": int(a), "f": int(b)} for a, b in zip(n, f)]}}}
+
+    def record(gains: dict, seeds=(0, 1, 2)):
+        settings = {f"dose-position_gap{g}-drafts{v}": [f"position_gap={g}", f"drafts=[{v}]"]
+                    for g in (0, 1, 3) for v in ("flat", "mrope")}
+        cells = [cell(g, v, s, gains.get((g, v), 0)) for g in (0, 1, 3) for v in ("flat", "mrope")
+                 for s in (seeds if (g, v) != (1, "mrope") else seeds[:1])]
+        return {"settings": list(settings), "setting_overrides": settings, "cells": cells}
+
+    rows = dose_grid_table(record({(3, "flat"): 1}))
+    by = {r.split(" | ")[0].strip("| "): r for r in rows[2:5]}
+    assert by["3"].endswith("| holds |") and "| 4x |" in by["3"]
+    assert by["0"].endswith("not resolved at this power |")
+    assert by["1"].endswith("3 and 1 of 3 seeds: no verdict yet |")
+    assert rows[-1].endswith("holds: the gain grows with the gap.") and "gap 3 minus the gain at gap 0" in rows[-1]
+    same = dose_grid_table(record({(0, "flat"): 1, (3, "flat"): 1}))
+    assert same[-1].endswith("not resolved at this power.")
+    shrinks = dose_grid_table(record({(0, "flat"): 1}))
+    assert shrinks[-1].endswith("does not hold: the gain shrinks with the gap.")
+    early = dose_grid_table(record({}, seeds=(0,)))
+    assert "no verdict until both gaps have 3 seeds" in early[-1]

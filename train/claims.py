@@ -200,6 +200,23 @@ def hierarchical_diff(a: dict, b: dict, seed: int = 0, boot: int = BOOT) -> dict
     return _summary(point, reps[:, 1] - reps[:, 0], len(seeds)) | {"seeds": len(seeds), "scenes": na.shape[1]}
 
 
+def hierarchical_diff_in_diff(a0: dict, b0: dict, a1: dict, b1: dict, seed: int = 0, boot: int = BOOT) -> dict:
+    """(tau(b1) - tau(a1)) - (tau(b0) - tau(a0)): whether b's gain over a changes from one condition
+    (0) to another (1), the four groups on the same scenes and resampled together (seeds common to
+    all four, and the shared scenes), as hierarchical_diff."""
+    seeds = sorted(set(a0) & set(b0) & set(a1) & set(b1))
+    if not seeds:
+        raise ValueError("no seed is in all four groups")
+    arrays = [tau_arrays(g, seeds) for g in (a0, b0, a1, b1)]
+    if len({n.shape for n, _ in arrays}) != 1:
+        raise ValueError("the groups were evaluated on other scenes")
+    n, f = np.stack([x for x, _ in arrays]), np.stack([y for _, y in arrays])
+    reps = two_level(n, f, seed, boot)
+    t = [x.sum() / y.sum() for x, y in arrays]
+    return _summary((t[3] - t[2]) - (t[1] - t[0]), (reps[:, 3] - reps[:, 2]) - (reps[:, 1] - reps[:, 0]),
+                    len(seeds)) | {"seeds": len(seeds), "scenes": n.shape[2]}
+
+
 def hierarchical_tau(runs: dict, null: float, seed: int = 0, boot: int = BOOT) -> dict:
     """One group's tau with the shared-scene interval, and the p of tau = `null` (a paper's number)."""
     seeds = sorted(runs)

@@ -289,8 +289,12 @@ def write_summary(grid: GridConfig, target_sha: str) -> Path:
             setting, seed = split_seed(c)
             rows.append({"cell": c.name, "setting": setting, "seed": seed, "wall_s": m.get("wall_s"),
                          "log": m.get("log", {}), "scores": m["scores"], "stamp": m.get("stamp")})
+    setting_sets = {}
+    for c in every:          # each setting's overrides, the seed's left out: what a table reads its axes from
+        setting, seed = split_seed(c)
+        setting_sets.setdefault(setting, [o for o in c.overrides if o.partition("=")[0] not in ("run.seed", "seeds")])
     out = {"stamp": results_stamp(grid.planner), "grid": grid.name, "stage": grid.stage, "cells_total": len(every),
-           "settings": list(dict.fromkeys(split_seed(c)[0] for c in every)), "cells": rows}
+           "settings": list(setting_sets), "setting_overrides": setting_sets, "cells": rows}
     f = summary_path(grid)
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(out, indent=1) + "\n")

@@ -94,6 +94,9 @@ RUNS = {
     # as each finishes; --status gathers the finished ones (seconds, no training)
     "aarl-power": Run(("specdrive train grid --config configs/grids/aarl-power.yaml --status",),
                       ("runs/grid/aarl-power/summary.json",)),
+    # the FlatRoPE dose-response grid (configs/grids/flatrope-dose.yaml), the same way
+    "flatrope-dose": Run(("specdrive train grid --config configs/grids/flatrope-dose.yaml --status",),
+                         ("runs/grid/flatrope-dose/summary.json",)),
     # issue 36's adaptive goal, measured once on test scenes no change was tuned on (seeds 100-147),
     # with an A/A control (the k = 8 chain twice): the run's own noise beside the difference
     "adaptive": Run(("specdrive bench --checkpoint checkpoints/tiny --drafts flat --ks 6,8 --aa --scenes 48 "
@@ -214,6 +217,11 @@ def aarl_grid(records: list[dict]) -> str:
     return "\n".join(claims_report.aarl_grid_table(records[0]))
 
 
+def dose_grid(records: list[dict]) -> str:
+    from train import claims_report
+    return "\n".join(claims_report.dose_grid_table(records[0]))
+
+
 def projection(records: list[dict]) -> str:
     """A row per preset and draft head: the reasoning stage, plain against speculative at the tau
     interval's two ends, and the speedup range."""
@@ -258,4 +266,5 @@ TABLES = {
     "adaptive": Table(("adaptive",), ("docs/bench.md",), bench_acceptance),
     "claims-4x-projected": Table(("projection",), ("docs/claims.md",), projection),
     "claims-aarl-power": Table(("aarl-power",), ("docs/claims.md",), aarl_grid),
+    "claims-flatrope-dose": Table(("flatrope-dose",), ("docs/claims.md",), dose_grid),
 }
