@@ -146,7 +146,8 @@ def summaries(tables: list[str], check: bool, current: str) -> tuple[dict, list[
                           f"{e}); allowed: each run's own JSON; re-run it or `specdrive report --run-stale`") from None
     out, changed = {r: records[r] for r in wanted if r in records}, []
     for r in full:
-        text, path = summary.document(r, registry.RUNS[r].outputs, cut[r]), summary.path_of(r)
+        run = registry.RUNS[r]
+        text, path = summary.document(r, run.outputs, cut[r], run.compact), summary.path_of(r)
         out[r] = cut[r]
         if not path.is_file() or path.read_text() != text:
             changed.append(str(path))

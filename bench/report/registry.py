@@ -27,10 +27,12 @@ EXPORT = f"specdrive export onnx --checkpoint checkpoints/tiny --out {ENGINES}"
 @dataclass(frozen=True)
 class Run:
     """Commands run in order (a `specdrive ...` or `make ...` line each); the last writes `outputs`.
-    unkept: why results/NAME.json is not in git (empty: it is, and the tests check its tables)."""
+    unkept: why results/NAME.json is not in git (empty: it is, and the tests check its tables).
+    compact: results/NAME.json on one line (a summary of per-scene records, megabytes indented)."""
     commands: tuple[str, ...]
     outputs: tuple[str, ...]
     unkept: str = ""
+    compact: bool = False
 
 
 @dataclass(frozen=True)

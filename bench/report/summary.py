@@ -127,9 +127,13 @@ def summarize(records: dict[str, list[dict]], tables: dict[str, tuple[tuple[str,
     return out
 
 
-def document(run: str, outputs: tuple[str, ...], summaries: list[dict]) -> str:
-    """The text of results/RUN.json: indented, keys in the records' order, one trailing newline."""
-    return json.dumps({"run": run, "outputs": dict(zip(outputs, summaries))}, indent=1, ensure_ascii=False) + "\n"
+def document(run: str, outputs: tuple[str, ...], summaries: list[dict], compact: bool = False) -> str:
+    """The text of results/RUN.json: indented (compact: one line, for a summary of per-scene
+    records that would be megabytes indented), keys in the records' order, one trailing newline."""
+    doc = {"run": run, "outputs": dict(zip(outputs, summaries))}
+    if compact:
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
 def read(run: str, outputs: tuple[str, ...], root: Path = Path(".")) -> list[dict] | None:
