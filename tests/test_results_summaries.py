@@ -158,3 +158,11 @@ def test_a_summary_of_other_outputs_is_refused(tmp_path):
     (tmp_path / "results" / "x.json").write_text("{")
     with pytest.raises(ConfigError, match="results/x.json: not JSON"):
         summary.read("x", ("out/b.json",), tmp_path)
+
+
+def test_a_compact_summary_is_one_line_of_the_same_json():
+    summaries = [{"stamp": {"fingerprint": SHIPPED}, "splits": {"test": {"per_scene": [{"n": 3, "f": 1}] * 3}}}]
+    wide = summary.document("claims", ("runs/x.json",), summaries)
+    narrow = summary.document("claims", ("runs/x.json",), summaries, compact=True)
+    assert narrow.count("\n") == 1 and narrow.endswith("\n") and wide.count("\n") > 10
+    assert json.loads(narrow) == json.loads(wide) and len(narrow) < len(wide) / 2
