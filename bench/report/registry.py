@@ -44,18 +44,12 @@ class Table:
 
 ROOFLINE = [(p, d, x) for p in ("alpamayo-r1-10b", "edge-2b") for d, x in (("orin-agx-64", "int8"), ("thor", "fp8"))]
 
-# The ~4x claim projected with the flat drafts' seed-level tau interval (docs/claims.md): the
-# interval's ends (test split, `make claims`, 5 seeds x 200 scenes, k = 8), each priced by the
-# roofline for edge-2b and alpamayo-r1-10b on Orin INT8, with the full draft head and 8,192 rows.
-# The interval is the nested draw's (too narrow, docs/claims.md "Intervals"); put the shared-scene
-# one here after the next `make claims`.
-PROJECTION_TAU = (5.41, 5.62)
+# The ~4x claim projected with the flat drafts' tau interval (docs/claims.md): the interval's ends
+# (test split, `make claims`, 5 seeds x 200 shared scenes, k = 8, the shared-scene bootstrap of
+# train.claims), each priced by the roofline for edge-2b and alpamayo-r1-10b on Orin INT8, with the
+# full draft head and 8,192 rows.
+PROJECTION_TAU = (5.23, 5.81)
 PROJECTION = [(p, head, tau) for p in ("edge-2b", "alpamayo-r1-10b") for head in (0, 8192) for tau in PROJECTION_TAU]
-
-# Why a run's summary is not in git yet: its run's own JSON was not kept, and its tables cannot be
-# parsed back from the markdown (the renderer computes them from per-cycle or per-scene records).
-PER_CYCLE = ("its JSON was not kept and its tables cannot be parsed back from the markdown ({}); "
-             "re-run it and `specdrive report` writes results/ for it")
 
 RUNS = {
     "bench": Run(("specdrive bench --checkpoint checkpoints/tiny --scenes 16 --seed 0 --ks 4,8,16 "
@@ -81,9 +75,8 @@ RUNS = {
                     "specdrive roofline --preset tiny --device cpu --memory --validate out/profile/stats.json "
                     "--json out/profile/roofline_cpu.json"),      # = make profile
                    ("out/profile/stats.json", "out/profile/roofline_cpu.json")),
-    "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",),
-                  unkept=PER_CYCLE.format("bootstrap intervals over the per-scene records of every seed")
-                  + "; `make claims` needs data/scenes (`make scenes`), about 100 min on 2 cores"),
+    # its per-scene records (every seed of every draft, three splits) on one line: about 3 MB
+    "claims": Run(("make claims",), ("runs/claims-eval/metrics.json",), compact=True),
     "projection": Run(tuple(f"specdrive roofline --preset {p} --device orin-agx-64 --precision int8 --k 8 --tau {t}"
                             f"{f' --draft-vocab {h}' if h else ''} --json out/roofline/claims_{p}_{h}_{t}.json"
                             for p, h, t in PROJECTION),
