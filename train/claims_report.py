@@ -242,6 +242,18 @@ def aarl_table(splits: dict, base: str = "flat", passes: str = "4") -> list[str]
     return rows
 
 
+def _family_verdicts(tests: dict, family: int, seeds_needed: int) -> dict:
+    """claims.verdicts of the finished `tests` ({name: test}) Holm-adjusted over a family of
+    `family` members, each one not finished yet counting as p = 1."""
+    unfinished = [{"p": 1.0, "point": 0.0, "se": 0.0, "seeds": seeds_needed}] * (family - len(tests))
+    return dict(zip(tests, claims.verdicts(list(tests.values()) + unfinished)))
+
+
+def _pooled_tau(runs: list[dict]) -> float:
+    """Tokens per target pass over every scene of every run (draft numbers with per_scene records)."""
+    return sum(r["n"] for x in runs for r in x["per_scene"]) / sum(r["f"] for x in runs for r in x["per_scene"])
+
+
 def aarl_grid_table(record: dict, seeds_needed: int = 3) -> list[str]:
     """An AARL grid (train.grid's summary.json): per setting, the finished seeds, greedy tau of the
     initial and the trained draft pooled over them, the paired change with the shared-scene
@@ -258,8 +270,7 @@ def aarl_grid_table(record: dict, seeds_needed: int = 3) -> list[str]:
         b = {c["seed"]: c["scores"]["draft"] for c in cs}
         tests[setting] = claims.hierarchical_diff(a, b)
     done = [s for s in record["settings"] if s in by and len(by[s]) >= seeds_needed]
-    unfinished = [{"p": 1.0, "point": 0.0, "se": 0.0, "seeds": seeds_needed}] * (len(record["settings"]) - len(done))
-    judged = dict(zip(done, claims.verdicts([tests[s] for s in done] + unfinished)))
+    judged = _family_verdicts({s: tests[s] for s in done}, len(record["settings"]), seeds_needed)
     sc = record["cells"][0]["scores"] if record["cells"] else {}
     rows = [f"| setting | seeds | tau k={sc.get('k', 8)} initial -> trained | change [95%] | p (Holm) | "
             "AARL reward initial -> trained | KL at the last step | wall per cell | verdict |",
@@ -270,8 +281,7 @@ def aarl_grid_table(record: dict, seeds_needed: int = 3) -> list[str]:
             rows.append(f"| {setting} | none | - | - | - | - | - | - | not run yet |")
             continue
         t = tests[setting]
-        tau = [sum(r["n"] for c in cs for r in c["scores"][k]["per_scene"]) /
-               sum(r["f"] for c in cs for r in c["scores"][k]["per_scene"]) for k in ("init", "draft")]
+        tau = [_pooled_tau([c["scores"][k] for c in cs]) for k in ("init", "draft")]
         rw = [np.mean([c["scores"][k]["reward"]["reward"] for c in cs]) for k in ("init", "draft")]
         kl = np.mean([c["log"].get("kl", float("nan")) for c in cs])
         wall = np.mean([c.get("wall_s") or float("nan") for c in cs]) / 60
@@ -309,13 +319,11 @@ def dose_grid_table(record: dict, seeds_needed: int = 3) -> list[str]:
     gaps = sorted({g for g, _ in where.values()})
     full = {g for g in gaps if all(len(groups.get((g, v), {})) >= seeds_needed for v in ("flat", "mrope"))}
     tests = {g: claims.hierarchical_diff(groups[(g, "mrope")], groups[(g, "flat")]) for g in gaps if g in full}
-    unfinished = [{"p": 1.0, "point": 0.0, "se": 0.0, "seeds": seeds_needed}] * (len(gaps) - len(tests))
-    judged = dict(zip(tests, claims.verdicts(list(tests.values()) + unfinished)))
+    judged = _family_verdicts(tests, len(gaps), seeds_needed)
     k = record["cells"][0]["scores"].get("k", 8) if record["cells"] else 8
 
     def tau(runs: dict) -> str:
-        return f"{sum(r['n'] for x in runs.values() for r in x['per_scene']) / sum(r['f'] for x in runs.values() for r in x['per_scene']):.2f}" \
-            if runs else "-"
+        return f"{_pooled_tau(list(runs.values())):.2f}" if runs else "-"
     rows = [f"| position gap | vision tokens in position space | flat tau k={k} | mrope tau k={k} | "
             "flat - mrope [95%] | seeds (flat, mrope) | p (Holm) | verdict |", "|" + "---|" * 8]
     for g in gaps:

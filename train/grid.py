@@ -42,6 +42,7 @@ from train.teachers import build_teachers
 
 STAGES = ("aarl", "distill")
 FORMAT = 1          # of a cell's metrics.json: a result of another format is run again
+SEED_KEYS = ("run.seed", "seeds")   # the override that names a cell's training seed (aarl, distill)
 
 
 @dataclass
@@ -266,7 +267,7 @@ def split_seed(cell: Cell) -> tuple[str, int]:
     is run.seed, of a distill cell its one seed (`seeds=[N]`)."""
     for o in reversed(cell.overrides):
         key, _, value = o.partition("=")
-        if key in ("run.seed", "seeds"):
+        if key in SEED_KEYS:
             seed = int(value.strip("[] "))
             part = f"-{key.split('.')[-1]}{seed}"
             return (cell.name[: -len(part)] if cell.name.endswith(part) else cell.name), seed
@@ -292,7 +293,7 @@ def write_summary(grid: GridConfig, target_sha: str) -> Path:
     setting_sets = {}
     for c in every:          # each setting's overrides, the seed's left out: what a table reads its axes from
         setting, seed = split_seed(c)
-        setting_sets.setdefault(setting, [o for o in c.overrides if o.partition("=")[0] not in ("run.seed", "seeds")])
+        setting_sets.setdefault(setting, [o for o in c.overrides if o.partition("=")[0] not in SEED_KEYS])
     out = {"stamp": results_stamp(grid.planner), "grid": grid.name, "stage": grid.stage, "cells_total": len(every),
            "settings": list(setting_sets), "setting_overrides": setting_sets, "cells": rows}
     f = summary_path(grid)
